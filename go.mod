@@ -1,0 +1,3 @@
+module github.com/keyorder/keyorder
+
+go 1.26
