@@ -1,0 +1,161 @@
+package keyorder
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Typed errors below match them with errors.Is.
+var (
+	// ErrMissingKey: a message with no ordering key was published under the
+	// Reject missing-key policy. Nothing was sent.
+	ErrMissingKey = errors.New("keyorder: message has no ordering key")
+	// ErrKeyPaused: an earlier publish of this key failed and the key is
+	// paused until the application resumes it. Nothing was sent.
+	ErrKeyPaused = errors.New("keyorder: ordering key is paused after a failed publish")
+	// ErrInvalidMessage: the message breaks a limit of the backend (key too
+	// long, payload too large, invalid characters). Nothing was sent.
+	ErrInvalidMessage = errors.New("keyorder: invalid message")
+	// ErrClosed: the publisher or subscriber was closed.
+	ErrClosed = errors.New("keyorder: closed")
+	// ErrUnknownScheme: no adapter registered the URL's scheme.
+	ErrUnknownScheme = errors.New("keyorder: unknown URL scheme")
+	// ErrBadURL: the URL could not be parsed or has an invalid parameter.
+	ErrBadURL = errors.New("keyorder: malformed URL")
+	// ErrNotFound: a topic, subscription or message does not exist.
+	ErrNotFound = errors.New("keyorder: not found")
+	// ErrUnsupported: the backend cannot do what was asked.
+	ErrUnsupported = errors.New("keyorder: not supported by this backend")
+	// ErrInvalidConfig: a configuration value is out of range.
+	ErrInvalidConfig = errors.New("keyorder: invalid configuration")
+)
+
+// LimitError reports a message that breaks a backend limit. It matches
+// ErrInvalidMessage.
+type LimitError struct {
+	// Limit names the limit: "key length", "key characters", "payload size",
+	// "payload empty", "header size".
+	Limit string
+	// Max is the limit's value (bytes or characters), 0 if not numeric.
+	Max int
+	// Got is the offending value, 0 if not numeric.
+	Got int
+	// Backend names the backend whose limit it is.
+	Backend string
+}
+
+func (e *LimitError) Error() string {
+	if e.Max > 0 {
+		return fmt.Sprintf("keyorder: %s %d exceeds the %s limit of %d", e.Limit, e.Got, e.Backend, e.Max)
+	}
+	return fmt.Sprintf("keyorder: %s: not allowed by %s", e.Limit, e.Backend)
+}
+
+// Is reports whether target is ErrInvalidMessage.
+func (e *LimitError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// KeyPausedError is returned by a publish of a paused key. It matches
+// ErrKeyPaused and unwraps to the error that paused the key.
+type KeyPausedError struct {
+	Key   string
+	Cause error
+}
+
+func (e *KeyPausedError) Error() string {
+	return fmt.Sprintf("keyorder: key %q is paused after a failed publish: %v", e.Key, e.Cause)
+}
+
+// Is reports whether target is ErrKeyPaused.
+func (e *KeyPausedError) Is(target error) bool { return target == ErrKeyPaused }
+
+// Unwrap returns the error that paused the key.
+func (e *KeyPausedError) Unwrap() error { return e.Cause }
+
+// RetryError asks for a retry not before After. Create it with RetryAfter.
+type RetryError struct {
+	Err   error
+	After time.Duration
+}
+
+// RetryAfter wraps err so that the message is retried not before d has
+// passed. Under Ordered the message's group is held for d; other groups are
+// not. The attempt counts towards MaxAttempts. It panics if d is negative.
+func RetryAfter(err error, d time.Duration) error {
+	if d < 0 {
+		panic("keyorder.RetryAfter: negative duration")
+	}
+	return &RetryError{Err: err, After: d}
+}
+
+func (e *RetryError) Error() string {
+	return fmt.Sprintf("retry after %v: %v", e.After, e.Err)
+}
+
+// Unwrap returns the wrapped error.
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// PermanentError marks a failure that must not be retried. Create it with
+// Permanent.
+type PermanentError struct{ Err error }
+
+// Permanent wraps err so that the message is dead-lettered at once.
+func Permanent(err error) error { return &PermanentError{Err: err} }
+
+func (e *PermanentError) Error() string { return fmt.Sprintf("permanent: %v", e.Err) }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// PanicError is the error a recovered handler panic becomes.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// ErrorCode classifies a backend error so the portable layer can decide what
+// to do with it without knowing the broker.
+type ErrorCode int
+
+// Error codes.
+const (
+	CodeUnknown ErrorCode = iota
+	CodeNotFound
+	CodeInvalidArgument
+	CodeUnavailable // transient: retry
+	CodeCanceled
+	CodeFailedPrecondition
+	CodeResourceExhausted
+	CodePermissionDenied
+)
+
+// Error is a backend error wrapped once by the portable layer. It unwraps to
+// both the driver's error (errors.As with the SDK's types works) and a
+// sentinel for its code (errors.Is(err, ErrNotFound)).
+type Error struct {
+	Code ErrorCode
+	Op   string
+	Err  error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("keyorder: %s: %v", e.Op, e.Err) }
+
+// Unwrap returns the driver error and the code's sentinel, if any.
+func (e *Error) Unwrap() []error {
+	if s := sentinelFor(e.Code); s != nil {
+		return []error{e.Err, s}
+	}
+	return []error{e.Err}
+}
+
+func sentinelFor(c ErrorCode) error {
+	switch c {
+	case CodeNotFound:
+		return ErrNotFound
+	case CodeInvalidArgument:
+		return ErrInvalidMessage
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package keyorder
+
+import (
+	"context"
+	"time"
+)
+
+// HeaderPartitionKey is the header that carries a message's ordering key.
+// On publish it is the second source of the key (after Message.Key); on
+// delivery it always holds the key of a keyed message.
+const HeaderPartitionKey = "partition-key"
+
+// Message is what an application publishes.
+type Message struct {
+	// ID identifies the message. Publishers assign a UUID (version 7) when it
+	// is empty. Subscribers use it to suppress redeliveries of a message this
+	// process already acknowledged.
+	ID string
+	// Key is the ordering key. Empty means "resolve it": the partition-key
+	// header, then the publisher's fixed key; see publish.Config.
+	Key string
+	// Payload is the message body.
+	Payload []byte
+	// Headers are string attributes carried with the message.
+	Headers map[string]string
+	// NotBefore delays delivery: the message is not handled before this time,
+	// and under Ordered its group is held until then. Zero means no delay.
+	NotBefore time.Time
+}
+
+// Delivery is one delivery of a message to a handler.
+type Delivery struct {
+	// Message is the delivered message. Message.Key is the ordering key
+	// ("" for a keyless message) and is also in Headers[HeaderPartitionKey].
+	Message
+	// Attempt is 1 on the first delivery and grows with each retry or lost
+	// lease.
+	Attempt int
+	// PublishTime is when the broker accepted the message, when known.
+	PublishTime time.Time
+	// Subscription names the subscription the message was delivered on.
+	Subscription string
+}
+
+// Handler handles one delivery. Its result decides what happens to the
+// message: nil acknowledges it; an error retries it with backoff; an error
+// wrapped by RetryAfter retries it not before the given delay; an error
+// wrapped by Permanent dead-letters it now. A panic is recovered and counts as
+// a failed attempt. The context is cancelled when the message's lease is lost
+// or the subscriber stops.
+type Handler func(ctx context.Context, d *Delivery) error
