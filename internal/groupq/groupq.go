@@ -1,0 +1,366 @@
+// Package groupq is the scheduling core shared by the keyed worker lanes and
+// the in-memory broker: a queue of items that belong to ordering groups, which
+// hands out the oldest deliverable item under a policy.Ordering.
+//
+// An item of a group is deliverable when nothing of its group is in flight
+// and (under Ordered) it is the oldest pending item of its group and its
+// not-before time has passed; an item without a group, or any item under
+// Parallel, is deliverable once its not-before time has passed. Pop takes the
+// oldest deliverable item (by arrival). Under Ordered a retried item goes back
+// to the head of its group and holds the group until its retry time; under
+// Exclusive and Parallel it waits aside and later items may run first.
+//
+// A Queue is not safe for concurrent use; callers hold their own lock. Time is
+// passed in, never read, so callers can drive it with any clock. Steady-state
+// operations do not allocate.
+package groupq
+
+import (
+	"slices"
+	"time"
+
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Item is one queued element.
+type Item[T any] struct {
+	// Key is the ordering key; meaningful when Keyed.
+	Key string
+	// Keyed reports whether the item belongs to the group Key.
+	Keyed bool
+	// At is the not-before time; zero means now.
+	At time.Time
+	// Seq is the arrival order, assigned by Push.
+	Seq uint64
+	// Value is the caller's payload.
+	Value T
+}
+
+// Handle identifies an item handed out by Pop until it is settled with Done,
+// Retry or Release.
+type Handle[T any] struct {
+	Item Item[T]
+	ks   *keyState[T]
+	gen  uint64
+}
+
+type keyState[T any] struct {
+	key      string
+	pending  []Item[T] // pending[head:] sorted by Seq
+	head     int
+	inflight int
+	readyIdx int // index in ready heap, -1 if absent
+	timedAt  time.Time
+	gen      uint64
+}
+
+func (k *keyState[T]) len() int        { return len(k.pending) - k.head }
+func (k *keyState[T]) front() *Item[T] { return &k.pending[k.head] }
+
+func (k *keyState[T]) popFront() Item[T] {
+	it := k.pending[k.head]
+	var zero Item[T]
+	k.pending[k.head] = zero
+	k.head++
+	if k.head == len(k.pending) {
+		k.pending = k.pending[:0]
+		k.head = 0
+	}
+	return it
+}
+
+// insert places it by Seq (usually at the back).
+func (k *keyState[T]) insert(it Item[T]) {
+	if k.len() == 0 || k.pending[len(k.pending)-1].Seq < it.Seq {
+		k.pending = append(k.pending, it)
+		return
+	}
+	if k.head > 0 {
+		n := copy(k.pending, k.pending[k.head:])
+		clear(k.pending[n:])
+		k.pending = k.pending[:n]
+		k.head = 0
+	}
+	i, _ := slices.BinarySearchFunc(k.pending, it.Seq, func(a Item[T], s uint64) int {
+		switch {
+		case a.Seq < s:
+			return -1
+		case a.Seq > s:
+			return 1
+		}
+		return 0
+	})
+	k.pending = slices.Insert(k.pending, i, it)
+}
+
+type timedEntry[T any] struct {
+	at   time.Time
+	ks   *keyState[T] // a parked group (Ordered), or nil for a delayed item
+	gen  uint64
+	item Item[T]
+}
+
+// Queue is a group-aware queue. The zero value is not usable; call New.
+type Queue[T any] struct {
+	ordering policy.Ordering
+	seq      uint64
+	keys     map[string]*keyState[T]
+	ready    bheap[*keyState[T]]
+	free     bheap[Item[T]]
+	timed    bheap[timedEntry[T]]
+	spare    []*keyState[T]
+	queued   int
+	inflight int
+}
+
+// New returns an empty queue enforcing ordering.
+func New[T any](ordering policy.Ordering) *Queue[T] {
+	q := &Queue[T]{ordering: ordering, keys: make(map[string]*keyState[T])}
+	q.ready.less = func(a, b *keyState[T]) bool { return a.front().Seq < b.front().Seq }
+	q.ready.moved = func(ks *keyState[T], i int) { ks.readyIdx = i }
+	q.free.less = func(a, b Item[T]) bool { return a.Seq < b.Seq }
+	q.timed.less = func(a, b timedEntry[T]) bool {
+		if a.at.Equal(b.at) {
+			return a.item.Seq < b.item.Seq
+		}
+		return a.at.Before(b.at)
+	}
+	return q
+}
+
+// Ordering returns the queue's ordering.
+func (q *Queue[T]) Ordering() policy.Ordering { return q.ordering }
+
+// Len returns the number of items waiting (not in flight).
+func (q *Queue[T]) Len() int { return q.queued }
+
+// InFlight returns the number of items handed out and not yet settled.
+func (q *Queue[T]) InFlight() int { return q.inflight }
+
+func (q *Queue[T]) grouped(it *Item[T]) bool { return it.Keyed && q.ordering.Keyed() }
+
+// Push adds an item; it is assigned the next sequence number, which it
+// returns.
+func (q *Queue[T]) Push(it Item[T]) uint64 {
+	q.seq++
+	it.Seq = q.seq
+	q.queued++
+	q.place(it)
+	return it.Seq
+}
+
+// place files a waiting item where it belongs.
+func (q *Queue[T]) place(it Item[T]) {
+	switch {
+	case q.grouped(&it) && q.ordering == policy.Ordered:
+		ks := q.keyState(it.Key)
+		ks.insert(it)
+		q.settle(ks, time.Time{})
+	case !it.At.IsZero():
+		q.timed.push(timedEntry[T]{at: it.At, item: it})
+	case q.grouped(&it):
+		ks := q.keyState(it.Key)
+		ks.insert(it)
+		q.settle(ks, time.Time{})
+	default:
+		q.free.push(it)
+	}
+}
+
+func (q *Queue[T]) keyState(key string) *keyState[T] {
+	if ks, ok := q.keys[key]; ok {
+		return ks
+	}
+	var ks *keyState[T]
+	if n := len(q.spare); n > 0 {
+		ks = q.spare[n-1]
+		q.spare = q.spare[:n-1]
+	} else {
+		ks = &keyState[T]{readyIdx: -1}
+	}
+	ks.key = key
+	q.keys[key] = ks
+	return ks
+}
+
+// settle re-files a group after a change. A zero now means "unknown": a head
+// with a not-before time is parked and checked on the next Pop.
+func (q *Queue[T]) settle(ks *keyState[T], now time.Time) {
+	if ks.inflight > 0 || ks.len() == 0 {
+		if ks.readyIdx >= 0 {
+			q.ready.remove(ks.readyIdx)
+		}
+		if ks.inflight == 0 && ks.len() == 0 && ks.timedAt.IsZero() {
+			delete(q.keys, ks.key)
+			ks.gen++
+			ks.key = ""
+			ks.pending = ks.pending[:0]
+			ks.head = 0
+			q.spare = append(q.spare, ks)
+		}
+		return
+	}
+	if h := ks.front(); !h.At.IsZero() && (now.IsZero() || h.At.After(now)) {
+		if ks.readyIdx >= 0 {
+			q.ready.remove(ks.readyIdx)
+		}
+		if !ks.timedAt.Equal(h.At) {
+			ks.timedAt = h.At
+			q.timed.push(timedEntry[T]{at: h.At, ks: ks, gen: ks.gen})
+		}
+		return
+	}
+	if ks.readyIdx >= 0 {
+		q.ready.fix(ks.readyIdx)
+	} else {
+		q.ready.push(ks)
+	}
+}
+
+// advance moves everything whose time has come out of the timed heap.
+func (q *Queue[T]) advance(now time.Time) {
+	for len(q.timed.s) > 0 && !q.timed.s[0].at.After(now) {
+		e := q.timed.pop()
+		if e.ks == nil {
+			e.item.At = time.Time{}
+			if q.grouped(&e.item) {
+				ks := q.keyState(e.item.Key)
+				ks.insert(e.item)
+				q.settle(ks, now)
+			} else {
+				q.free.push(e.item)
+			}
+			continue
+		}
+		if e.ks.gen != e.gen || !e.ks.timedAt.Equal(e.at) {
+			continue // stale
+		}
+		e.ks.timedAt = time.Time{}
+		if e.ks.len() > 0 && !e.ks.front().At.After(now) {
+			e.ks.front().At = time.Time{}
+		}
+		q.settle(e.ks, now)
+	}
+}
+
+// Pop hands out the oldest deliverable item at time now.
+func (q *Queue[T]) Pop(now time.Time) (Handle[T], bool) {
+	q.advance(now)
+	var h Handle[T]
+	switch {
+	case len(q.ready.s) > 0 && (len(q.free.s) == 0 || q.ready.s[0].front().Seq < q.free.s[0].Seq):
+		ks := q.ready.pop()
+		h.Item = ks.popFront()
+		h.ks, h.gen = ks, ks.gen
+		ks.inflight++
+	case len(q.free.s) > 0:
+		h.Item = q.free.pop()
+	default:
+		return h, false
+	}
+	q.queued--
+	q.inflight++
+	return h, true
+}
+
+// PopNext hands out, as part of the same chain, the next item of h's group
+// if it is deliverable at now under Ordered (the oldest pending item of the
+// group, not delayed). It is how a broker returns several consecutive
+// messages of one group in one receive.
+func (q *Queue[T]) PopNext(h Handle[T], now time.Time) (Handle[T], bool) {
+	var n Handle[T]
+	ks := h.ks
+	if ks == nil || ks.gen != h.gen || ks.len() == 0 {
+		return n, false
+	}
+	if f := ks.front(); !f.At.IsZero() && f.At.After(now) {
+		return n, false
+	}
+	n.Item = ks.popFront()
+	n.ks, n.gen = ks, ks.gen
+	ks.inflight++
+	q.queued--
+	q.inflight++
+	return n, true
+}
+
+// Done settles a handed-out item as finished; its group moves on.
+func (q *Queue[T]) Done(h Handle[T]) {
+	q.inflight--
+	if h.ks != nil {
+		h.ks.inflight--
+		q.settle(h.ks, time.Time{})
+	}
+}
+
+// Retry puts a handed-out item back, not deliverable before at. Under Ordered
+// it returns to the head of its group and holds the group until at; otherwise
+// it waits aside and later items of its group may run first.
+func (q *Queue[T]) Retry(h Handle[T], at time.Time) {
+	q.inflight--
+	q.queued++
+	h.Item.At = at
+	if h.ks != nil {
+		h.ks.inflight--
+		if q.ordering == policy.Ordered {
+			h.ks.insert(h.Item)
+			q.settle(h.ks, time.Time{})
+			return
+		}
+		q.settle(h.ks, time.Time{})
+	}
+	q.place(h.Item)
+}
+
+// Release puts a handed-out item back without delay, in its original place.
+func (q *Queue[T]) Release(h Handle[T]) { q.Retry(h, time.Time{}) }
+
+// NextWake returns the earliest time at which a waiting item may become
+// deliverable, if any item is waiting on time.
+func (q *Queue[T]) NextWake() (time.Time, bool) {
+	for len(q.timed.s) > 0 {
+		e := q.timed.s[0]
+		if e.ks != nil && (e.ks.gen != e.gen || !e.ks.timedAt.Equal(e.at)) {
+			q.timed.pop() // stale
+			continue
+		}
+		return e.at, true
+	}
+	return time.Time{}, false
+}
+
+// Drain removes and returns every waiting item (not those in flight), oldest
+// first.
+func (q *Queue[T]) Drain() []Item[T] {
+	var out []Item[T]
+	for _, ks := range q.keys {
+		out = append(out, ks.pending[ks.head:]...)
+		ks.pending, ks.head = ks.pending[:0], 0
+		ks.timedAt = time.Time{}
+		if ks.readyIdx >= 0 {
+			q.ready.remove(ks.readyIdx)
+		}
+	}
+	for _, e := range q.timed.s {
+		if e.ks == nil {
+			out = append(out, e.item)
+		}
+	}
+	out = append(out, q.free.s...)
+	clear(q.timed.s)
+	clear(q.free.s)
+	q.timed.s, q.free.s = q.timed.s[:0], q.free.s[:0]
+	for _, ks := range q.keys {
+		if ks.inflight == 0 {
+			q.settle(ks, time.Time{})
+		}
+	}
+	q.queued = 0
+	slices.SortFunc(out, func(a, b Item[T]) int {
+		if a.Seq < b.Seq {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
