@@ -1,0 +1,184 @@
+// Package adapters defines the driver interfaces a backend implements and the
+// URL registry that lets an application choose a backend by configuration.
+//
+// The split follows gocloud.dev/pubsub: the portable packages publish and
+// subscribe own validation, batching per key, retries, keyed worker lanes,
+// leases, dead-letter decisions and shutdown; a driver only moves messages to
+// and from its broker and classifies the broker's errors. Drivers never retry
+// on their own, never run handlers and never decide a message's fate.
+//
+// Backends differ in where an ordering group is held after a failure. Some
+// brokers hold it themselves (a PostgreSQL claim query, SQS visibility): they
+// declare Capabilities.NativeHold, and the portable layer returns a failed
+// message with Nack. Others deliver a key's later messages regardless (Pub/Sub
+// streams them, Pulsar replays a nack out of order): there the portable layer
+// holds the group in process, keeps the failed message's lease alive and
+// retries it locally, and never calls Nack. Both shapes go through the same
+// interface; subscribe branches on the capability, not on the backend.
+//
+// # URLs
+//
+// Each adapter registers its scheme in init() on DefaultMux, so importing it
+// for side effects is enough:
+//
+//	import _ "github.com/keyorder/keyorder/adapters/memory"
+//	pub, err := publish.Open(ctx, "mem://ledger", nil)
+package adapters
+
+import (
+	"context"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Message is a message as a driver sees it.
+type Message struct {
+	// ID is the application-level message ID (publishers fill it). Drivers
+	// must carry it to the subscriber unchanged.
+	ID string
+	// Key is the ordering key as the application gave it; "" for a keyless
+	// message. A driver that must map keys (SQS group ids) maps them itself
+	// and still returns the original Key on receive.
+	Key string
+	// Payload is the body.
+	Payload []byte
+	// Headers are string attributes. The portable layer keeps
+	// keyorder.HeaderPartitionKey out of them on publish; drivers add it
+	// back on receive only through Key.
+	Headers map[string]string
+	// NotBefore is the requested delivery delay; zero for none.
+	NotBefore time.Time
+
+	// AckID identifies this delivery to the driver (set by Receive).
+	AckID any
+	// Attempt is the broker's delivery count, 1 on the first delivery (set by
+	// Receive; 0 when the broker does not count).
+	Attempt int
+	// PublishTime is when the broker accepted the message (set by Receive
+	// when known).
+	PublishTime time.Time
+}
+
+// Limits are a backend's constraints on messages. The portable publisher
+// checks them before anything is sent. Zero values mean "no limit".
+type Limits struct {
+	// Backend names the backend in errors ("pubsub", "sqs", ...).
+	Backend string
+	// MaxKeyBytes is the longest ordering key, in bytes.
+	MaxKeyBytes int
+	// KeyUTF8 requires keys to be valid UTF-8.
+	KeyUTF8 bool
+	// MaxPayloadBytes is the largest payload, in bytes.
+	MaxPayloadBytes int
+	// PayloadRequired rejects empty payloads.
+	PayloadRequired bool
+	// MaxBatchMessages is the most messages one SendBatch call may carry.
+	MaxBatchMessages int
+	// MaxBatchBytes is the most payload bytes one SendBatch call may carry.
+	MaxBatchBytes int
+}
+
+// Topic is the publishing side of a driver.
+type Topic interface {
+	// SendBatch sends ms to the broker, in order. All messages of one call
+	// share one Key, or all are keyless. SendBatch may be called
+	// concurrently, but never concurrently for the same key: the portable
+	// layer keeps one batch per key in flight, so a key's messages reach the
+	// broker in publish order. It must not retain ms or retry: on error the
+	// portable layer decides (IsRetryable) and, for a keyed batch, pauses the
+	// key. A batch is all-or-nothing as far as the broker allows; when a
+	// broker can fail part of a batch the driver returns an error for the
+	// whole batch (the messages may then be delivered twice, never lost).
+	SendBatch(ctx context.Context, ms []*Message) error
+	// Limits returns the backend's message limits.
+	Limits() Limits
+	// IsRetryable reports whether a SendBatch error is transient.
+	IsRetryable(err error) bool
+	// ErrorCode classifies an error returned by this driver.
+	ErrorCode(err error) keyorder.ErrorCode
+	// Close releases the driver's resources.
+	Close() error
+}
+
+// Capabilities describe how a subscription's broker delivers.
+type Capabilities struct {
+	// Ordering is the subscription's policy, fixed when it was created.
+	Ordering policy.Ordering
+	// NativeHold is set when the broker holds an ordering group itself:
+	// under Exclusive and Ordered it never leases a second message of a group
+	// while one is leased (except the later members of a chain returned by
+	// the same Receive), Nack(m, d) makes m deliverable again not before d,
+	// and under Ordered nothing behind m in its group is delivered until m is
+	// acknowledged or dead-lettered. When it is not set, the broker may
+	// deliver a group's later messages while earlier ones are unsettled (in
+	// key order), and the portable layer holds the group in process.
+	NativeHold bool
+	// LeaseDuration is how long a received message stays leased without
+	// ExtendLeases. Zero means the driver keeps leases alive by itself.
+	LeaseDuration time.Duration
+	// MaxBatch is the most messages one Receive returns. Zero means 1.
+	MaxBatch int
+}
+
+// Subscription is the consuming side of a driver.
+//
+// Receive is called from one goroutine at a time; every other method may be
+// called concurrently with Receive and with each other. Methods taking
+// messages take messages returned by this Subscription's Receive, and must
+// not retain the slice.
+type Subscription interface {
+	// Receive blocks until at least one message is available or ctx is done
+	// (then it returns ctx.Err()), and returns at most maxMessages. Messages
+	// of one group come in group order; consecutive messages of one group in
+	// a result form a chain that the portable layer runs in order.
+	Receive(ctx context.Context, maxMessages int) ([]*Message, error)
+	// Ack settles messages as done.
+	Ack(ctx context.Context, ms []*Message) error
+	// Nack returns a failed message to the broker, counting the attempt, to
+	// be redelivered not before delay. Called only when
+	// Capabilities.NativeHold is set.
+	Nack(ctx context.Context, m *Message, delay time.Duration) error
+	// Release returns messages that were received but not handled (the
+	// rest of a chain whose head failed, or messages pending at shutdown) to
+	// the broker without counting an attempt. On a broker without native
+	// hold this may redeliver the group's later messages as well.
+	Release(ctx context.Context, ms []*Message) error
+	// ExtendLeases renews the leases of messages still being held or handled
+	// and returns those whose lease was already lost (the broker may have
+	// redelivered them). Called periodically when LeaseDuration > 0.
+	ExtendLeases(ctx context.Context, ms []*Message) (lost []*Message, err error)
+	// DeadLetter removes m from its group (the group continues without it)
+	// and keeps it with reason and attempts where the backend keeps dead
+	// letters.
+	DeadLetter(ctx context.Context, m *Message, reason string, attempts int) error
+	// Capabilities describes the subscription.
+	Capabilities() Capabilities
+	// IsRetryable reports whether an error from this driver is transient.
+	IsRetryable(err error) bool
+	// ErrorCode classifies an error returned by this driver.
+	ErrorCode(err error) keyorder.ErrorCode
+	// Close releases the driver's resources. Unsettled messages are left to
+	// the broker (their leases expire).
+	Close() error
+}
+
+// DeadLetter is a dead-lettered message as kept by a backend.
+type DeadLetter struct {
+	Message  Message
+	Reason   string
+	Attempts int
+	DeadAt   time.Time
+}
+
+// DeadLetterStore is implemented by subscriptions whose backend keeps dead
+// letters where they can be listed and redriven.
+type DeadLetterStore interface {
+	// DeadLetters lists up to limit dead letters, oldest first.
+	DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
+	// Redrive puts the dead letters with these message IDs back on the
+	// subscription, after everything that arrived meanwhile, with a fresh
+	// attempt count. It returns how many were redriven.
+	Redrive(ctx context.Context, ids []string) (int, error)
+}

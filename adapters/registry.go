@@ -1,0 +1,151 @@
+package adapters
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"sync"
+
+	"github.com/keyorder/keyorder"
+)
+
+// TopicURLOpener opens a Topic driver from a URL.
+type TopicURLOpener interface {
+	OpenTopicURL(ctx context.Context, u *url.URL) (Topic, error)
+}
+
+// SubscriptionURLOpener opens a Subscription driver from a URL.
+type SubscriptionURLOpener interface {
+	OpenSubscriptionURL(ctx context.Context, u *url.URL) (Subscription, error)
+}
+
+// URLMux maps URL schemes to openers.
+type URLMux struct {
+	mu     sync.RWMutex
+	topics map[string]TopicURLOpener
+	subs   map[string]SubscriptionURLOpener
+}
+
+var defaultMux = &URLMux{}
+
+// DefaultMux returns the mux adapters register on in init() and that
+// publish.Open and subscribe.Open use.
+func DefaultMux() *URLMux { return defaultMux }
+
+// RegisterTopic registers o for scheme. It panics if o is nil or the scheme
+// is already registered, as database/sql.Register does: both are programmer
+// errors.
+func (m *URLMux) RegisterTopic(scheme string, o TopicURLOpener) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if o == nil {
+		panic("keyorder: RegisterTopic opener is nil for scheme " + scheme)
+	}
+	if _, dup := m.topics[scheme]; dup {
+		panic("keyorder: RegisterTopic called twice for scheme " + scheme)
+	}
+	if m.topics == nil {
+		m.topics = map[string]TopicURLOpener{}
+	}
+	m.topics[scheme] = o
+}
+
+// RegisterSubscription registers o for scheme, panicking like RegisterTopic.
+func (m *URLMux) RegisterSubscription(scheme string, o SubscriptionURLOpener) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if o == nil {
+		panic("keyorder: RegisterSubscription opener is nil for scheme " + scheme)
+	}
+	if _, dup := m.subs[scheme]; dup {
+		panic("keyorder: RegisterSubscription called twice for scheme " + scheme)
+	}
+	if m.subs == nil {
+		m.subs = map[string]SubscriptionURLOpener{}
+	}
+	m.subs[scheme] = o
+}
+
+// TopicSchemes returns the registered topic schemes, sorted.
+func (m *URLMux) TopicSchemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return sortedKeys(m.topics)
+}
+
+// SubscriptionSchemes returns the registered subscription schemes, sorted.
+func (m *URLMux) SubscriptionSchemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return sortedKeys(m.subs)
+}
+
+func sortedKeys[V any](mp map[string]V) []string {
+	out := make([]string, 0, len(mp))
+	for k := range mp {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// OpenTopic opens the Topic driver for urlstr.
+func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
+	u, err := ParseURL(urlstr)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.RLock()
+	o, ok := m.topics[u.Scheme]
+	m.mu.RUnlock()
+	if !ok {
+		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
+	}
+	return o.OpenTopicURL(ctx, u)
+}
+
+// OpenSubscription opens the Subscription driver for urlstr.
+func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscription, error) {
+	u, err := ParseURL(urlstr)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.RLock()
+	o, ok := m.subs[u.Scheme]
+	m.mu.RUnlock()
+	if !ok {
+		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
+	}
+	return o.OpenSubscriptionURL(ctx, u)
+}
+
+// URLError reports a URL that cannot be opened. It unwraps to the cause,
+// which matches keyorder.ErrBadURL or keyorder.ErrUnknownScheme.
+type URLError struct {
+	URL string
+	Err error
+}
+
+func (e *URLError) Error() string { return fmt.Sprintf("keyorder: open %q: %v", e.URL, e.Err) }
+
+// Unwrap returns the cause.
+func (e *URLError) Unwrap() error { return e.Err }
+
+// ParseURL parses urlstr and requires a scheme.
+func ParseURL(urlstr string) (*url.URL, error) {
+	u, err := url.Parse(urlstr)
+	if err != nil {
+		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
+	}
+	if u.Scheme == "" {
+		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+	}
+	return u, nil
+}
+
+// BadParam returns the error an opener gives for an invalid or unknown query
+// parameter; it matches keyorder.ErrBadURL.
+func BadParam(u *url.URL, param, why string) error {
+	return &URLError{URL: u.String(), Err: fmt.Errorf("%w: parameter %q: %s", keyorder.ErrBadURL, param, why)}
+}
