@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {{schema}}.dead_letters, {{schema}}.heads, {{schema}}.deliveries,
+    {{schema}}.messages, {{schema}}.subscriptions, {{schema}}.topics;

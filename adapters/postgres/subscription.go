@@ -1,0 +1,561 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Subscription consumes one subscription. It implements
+// adapters.Subscription and adapters.DeadLetterStore.
+type Subscription struct {
+	s        *store
+	info     *subInfo
+	opts     *Options
+	ownsPool bool
+
+	claimKeys, claimDirect string // expanded claim queries
+	release                string
+	lease                  time.Duration
+
+	wake     chan struct{}
+	listener *listener
+	closed   atomic.Bool
+	done     chan struct{}
+}
+
+var (
+	_ adapters.Subscription    = (*Subscription)(nil)
+	_ adapters.DeadLetterStore = (*Subscription)(nil)
+)
+
+// ackID is a delivery's handle. A keyed delivery belongs to the chain it
+// was claimed in; the chain's head lease is released when its last member is
+// settled.
+type ackID struct {
+	id    int64
+	token int64
+	chain *chain // nil for a direct delivery
+}
+
+type chain struct {
+	key   string
+	token int64
+
+	mu        sync.Mutex
+	unsettled map[int64]struct{}
+	released  bool
+}
+
+// settle removes ids from the chain and reports whether that emptied it; the
+// caller then releases the head in the same transaction. undo puts them back
+// if that transaction fails.
+func (c *chain) settle(ids []int64) (release bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		delete(c.unsettled, id)
+	}
+	if len(c.unsettled) == 0 && !c.released {
+		c.released = true
+		return true
+	}
+	return false
+}
+
+func (c *chain) undo(ids []int64, released bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		c.unsettled[id] = struct{}{}
+	}
+	if released {
+		c.released = false
+	}
+}
+
+// OpenSubscription opens subscription sub of topic on pool. With
+// opts.Migrate it first applies pending migrations; with opts.Create it
+// creates the topic and subscription (with opts.Subscription) if missing,
+// else a missing one fails with keyorder.ErrNotFound. The pool stays the
+// caller's: Close does not close it. A subscription holds one extra
+// connection outside the pool for LISTEN.
+func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string, opts *Options) (*Subscription, error) {
+	o := opts.WithDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	s := newStore(pool, o.Schema)
+	if o.Migrate {
+		if _, err := Migrate(ctx, pool, DirectionUp, &MigrateOptions{Schema: o.Schema}); err != nil {
+			return nil, err
+		}
+	}
+	var info *subInfo
+	var err error
+	if o.Create {
+		info, err = s.createSubscription(ctx, topic, sub, o.Subscription)
+	} else {
+		info, err = s.subscription(ctx, topic, sub)
+	}
+	if err != nil {
+		return nil, err
+	}
+	chainSQL, next := chainOrdered, nextOrdered
+	if info.opts.Ordering == policy.Exclusive {
+		chainSQL, next = chainExclusive, nextExclusive
+	}
+	su := &Subscription{
+		s: s, info: info, opts: o,
+		claimKeys:   s.sql(expandPart(sqlClaimKeys, "{{chain}}", chainSQL)),
+		claimDirect: s.sql(sqlClaimDirect),
+		release:     s.sql(expandPart(sqlRelease, "{{next}}", next)),
+		lease:       o.LeaseDuration,
+		wake:        make(chan struct{}, 1),
+		done:        make(chan struct{}),
+	}
+	su.listener = startListener(pool, s.channel(topic), su.wake, su.done, o.Logger)
+	return su, nil
+}
+
+func expandPart(sql, placeholder, part string) string {
+	return strings.ReplaceAll(sql, placeholder, part)
+}
+
+// Name returns the subscription's name.
+func (su *Subscription) Name() string { return su.info.name }
+
+// Settings returns the subscription's settings, as fixed at creation.
+func (su *Subscription) Settings() SubscriptionOptions { return *su.info.opts }
+
+// Capabilities describes the subscription: the database holds groups
+// itself (NativeHold).
+func (su *Subscription) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{
+		Ordering:      su.info.opts.Ordering,
+		NativeHold:    true,
+		LeaseDuration: su.lease,
+		MaxBatch:      su.opts.MaxBatch,
+	}
+}
+
+// Receive claims up to maxMessages: chains of up to ChainLength consecutive
+// messages per key (Exclusive, Ordered), and single messages (Parallel,
+// keyless). It waits for a notification, the next retry or delay to fall due,
+// or PollInterval, whichever comes first, while nothing is claimable.
+func (su *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+	maxMessages = min(max(maxMessages, 1), su.opts.MaxBatch)
+	for {
+		if su.closed.Load() {
+			return nil, keyorder.ErrClosed
+		}
+		ms, wait, err := su.claim(ctx, maxMessages)
+		if err != nil || len(ms) > 0 {
+			if err != nil && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return ms, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-su.done:
+			t.Stop()
+			return nil, keyorder.ErrClosed
+		case <-su.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// claim runs the claim queries in one round trip. When nothing was claimed it
+// also returns how long to wait before trying again.
+func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters.Message, time.Duration, error) {
+	token := rand.Int64()
+	keyed := su.info.opts.Ordering.Keyed()
+	b := &pgx.Batch{}
+	if keyed {
+		nkeys := (maxMessages + su.opts.ChainLength - 1) / su.opts.ChainLength
+		b.Queue(su.claimKeys, su.info.id, nkeys, min(su.opts.ChainLength, maxMessages), su.lease, token)
+	}
+	b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token)
+	b.Queue(su.s.sql(sqlNextWake), su.info.id)
+	br := su.s.pool.SendBatch(ctx, b)
+	defer br.Close()
+
+	var out []*adapters.Message
+	chains := map[string]*chain{}
+	scan := func(direct bool) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			m := &adapters.Message{}
+			var id int64
+			var key *string
+			var headers []byte
+			var notBefore *time.Time
+			if err := rows.Scan(&id, &m.ID, &key, &m.Payload, &headers, &notBefore, &m.PublishTime, &m.Attempt); err != nil {
+				return err
+			}
+			if key != nil {
+				m.Key = *key
+			}
+			if notBefore != nil {
+				m.NotBefore = *notBefore
+			}
+			if m.Headers, err = decodeHeaders(headers); err != nil {
+				return err
+			}
+			a := &ackID{id: id, token: token}
+			if !direct {
+				c := chains[m.Key]
+				if c == nil {
+					c = &chain{key: m.Key, token: token, unsettled: map[int64]struct{}{}}
+					chains[m.Key] = c
+				}
+				c.unsettled[id] = struct{}{}
+				a.chain = c
+			}
+			m.AckID = a
+			out = append(out, m)
+		}
+		return rows.Err()
+	}
+	if keyed {
+		if err := scan(false); err != nil {
+			return nil, 0, fmt.Errorf("postgres: claim: %w", err)
+		}
+	}
+	if err := scan(true); err != nil {
+		return nil, 0, fmt.Errorf("postgres: claim: %w", err)
+	}
+	var secs *float64
+	if err := br.QueryRow().Scan(&secs); err != nil {
+		return nil, 0, fmt.Errorf("postgres: claim: %w", err)
+	}
+	if len(out) > 0 {
+		// Chains in the order of their first message, keyless messages in
+		// between by id: the oldest deliverable first.
+		first := map[string]int64{}
+		for _, m := range out {
+			if a := m.AckID.(*ackID); a.chain != nil {
+				if f, ok := first[m.Key]; !ok || a.id < f {
+					first[m.Key] = a.id
+				}
+			}
+		}
+		rank := func(m *adapters.Message) (int64, int64) {
+			a := m.AckID.(*ackID)
+			if a.chain != nil {
+				return first[m.Key], a.id
+			}
+			return a.id, a.id
+		}
+		slices.SortStableFunc(out, func(x, y *adapters.Message) int {
+			x1, x2 := rank(x)
+			y1, y2 := rank(y)
+			if x1 != y1 {
+				return cmpInt64(x1, y1)
+			}
+			return cmpInt64(x2, y2)
+		})
+		return out, 0, nil
+	}
+	wait := su.opts.PollInterval
+	if secs != nil {
+		d := time.Duration(*secs*float64(time.Second)) + time.Millisecond
+		wait = min(max(d, time.Millisecond), wait)
+	}
+	return nil, wait, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func ackIDs(ms []*adapters.Message) ([]*ackID, error) {
+	out := make([]*ackID, len(ms))
+	for i, m := range ms {
+		a, ok := m.AckID.(*ackID)
+		if !ok {
+			return nil, fmt.Errorf("%w: postgres: message %q was not received from this driver", keyorder.ErrInvalidConfig, m.ID)
+		}
+		out[i] = a
+	}
+	return out, nil
+}
+
+// settlement collects, for one settling call, the chains it completes, so
+// the heads are released in the same transaction.
+type settlement struct {
+	byChain map[*chain][]int64
+	release []*chain
+}
+
+func newSettlement(as []*ackID) *settlement {
+	st := &settlement{byChain: map[*chain][]int64{}}
+	for _, a := range as {
+		if a.chain != nil {
+			st.byChain[a.chain] = append(st.byChain[a.chain], a.id)
+		}
+	}
+	for c, ids := range st.byChain {
+		if c.settle(ids) {
+			st.release = append(st.release, c)
+		}
+	}
+	return st
+}
+
+func (st *settlement) undo() {
+	for c, ids := range st.byChain {
+		c.undo(ids, slices.Contains(st.release, c))
+	}
+}
+
+// queueRelease adds the head releases to b.
+func (su *Subscription) queueRelease(b *pgx.Batch, st *settlement) {
+	if len(st.release) == 0 {
+		return
+	}
+	slices.SortFunc(st.release, func(x, y *chain) int { return strings.Compare(x.key, y.key) })
+	keys := make([]string, len(st.release))
+	tokens := make([]int64, len(st.release))
+	for i, c := range st.release {
+		keys[i], tokens[i] = c.key, c.token
+	}
+	b.Queue(su.s.sql(sqlLockRelease), su.info.id, keys)
+	b.Queue(su.release, su.info.id, keys, tokens)
+	b.Queue(su.s.sql(sqlDropIdleHeads), su.info.id, keys)
+}
+
+func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement) error {
+	// A batch of several statements runs as one implicit transaction.
+	err := su.s.pool.SendBatch(ctx, b).Close()
+	if err != nil {
+		st.undo()
+		return fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	return nil
+}
+
+// Ack deletes the deliveries, and the message bodies no other subscription
+// needs, and releases the keys whose chain is now settled.
+func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+	as, err := ackIDs(ms)
+	if err != nil || len(as) == 0 {
+		return err
+	}
+	ids := make([]int64, len(as))
+	for i, a := range as {
+		ids[i] = a.id
+	}
+	st := newSettlement(as)
+	b := &pgx.Batch{}
+	b.Queue(su.s.sql(sqlAck), su.info.id, ids)
+	b.Queue(su.s.sql(sqlDropMessages), su.info.topicID, ids)
+	su.queueRelease(b, st)
+	return su.run(ctx, "ack", b, st)
+}
+
+// Nack counts the failed attempt (it was counted when claimed) and makes m
+// claimable again not before delay. Under Ordered its key stays held until
+// then: nothing behind m is claimed.
+func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	as, err := ackIDs([]*adapters.Message{m})
+	if err != nil {
+		return err
+	}
+	a := as[0]
+	st := newSettlement(as)
+	b := &pgx.Batch{}
+	if a.chain != nil {
+		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0))
+	} else {
+		b.Queue(su.s.sql(sqlNackDirect), su.info.id, a.id, max(delay, 0), a.token)
+	}
+	su.queueRelease(b, st)
+	return su.run(ctx, "nack", b, st)
+}
+
+// Release gives ms back without counting an attempt; they keep their place.
+func (su *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+	as, err := ackIDs(ms)
+	if err != nil || len(as) == 0 {
+		return err
+	}
+	var keyed, direct, tokens []int64
+	for _, a := range as {
+		if a.chain != nil {
+			keyed = append(keyed, a.id)
+		} else {
+			direct = append(direct, a.id)
+			tokens = append(tokens, a.token)
+		}
+	}
+	st := newSettlement(as)
+	b := &pgx.Batch{}
+	if len(keyed) > 0 {
+		b.Queue(su.s.sql(sqlReleaseKeyed), su.info.id, keyed)
+	}
+	if len(direct) > 0 {
+		b.Queue(su.s.sql(sqlReleaseDirect), su.info.id, direct, tokens)
+	}
+	su.queueRelease(b, st)
+	return su.run(ctx, "release", b, st)
+}
+
+// DeadLetter moves m to the dead letters with reason and attempts; its key
+// continues with the next message.
+func (su *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+	as, err := ackIDs([]*adapters.Message{m})
+	if err != nil {
+		return err
+	}
+	st := newSettlement(as)
+	b := &pgx.Batch{}
+	b.Queue(su.s.sql(sqlDeadLetter), su.info.id, as[0].id, reason, attempts)
+	su.queueRelease(b, st)
+	return su.run(ctx, "dead-letter", b, st)
+}
+
+// ExtendLeases renews the leases of ms (a keyed message's lease is its
+// chain's) and returns those whose lease was lost.
+func (su *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	as, err := ackIDs(ms)
+	if err != nil || len(as) == 0 {
+		return nil, err
+	}
+	type ck struct {
+		key   string
+		token int64
+	}
+	seen := map[ck]bool{}
+	var keys []string
+	var ktokens, direct, dtokens []int64
+	for _, a := range as {
+		if a.chain != nil {
+			k := ck{a.chain.key, a.chain.token}
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k.key)
+				ktokens = append(ktokens, k.token)
+			}
+		} else {
+			direct = append(direct, a.id)
+			dtokens = append(dtokens, a.token)
+		}
+	}
+	alive := map[ck]bool{}
+	aliveDirect := map[int64]bool{}
+	b := &pgx.Batch{}
+	if len(keys) > 0 {
+		b.Queue(su.s.sql(sqlExtendKeys), su.info.id, keys, ktokens, su.lease)
+	}
+	if len(direct) > 0 {
+		b.Queue(su.s.sql(sqlExtendDirect), su.info.id, direct, dtokens, su.lease)
+	}
+	br := su.s.pool.SendBatch(ctx, b)
+	if len(keys) > 0 {
+		rows, _ := br.Query()
+		for rows.Next() {
+			var k ck
+			if err := rows.Scan(&k.key, &k.token); err != nil {
+				break
+			}
+			alive[k] = true
+		}
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return nil, fmt.Errorf("postgres: extend leases: %w", err)
+		}
+	}
+	if len(direct) > 0 {
+		rows, _ := br.Query()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				break
+			}
+			aliveDirect[id] = true
+		}
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return nil, fmt.Errorf("postgres: extend leases: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("postgres: extend leases: %w", err)
+	}
+	var lost []*adapters.Message
+	for i, a := range as {
+		if a.chain != nil && !alive[ck{a.chain.key, a.chain.token}] || a.chain == nil && !aliveDirect[a.id] {
+			lost = append(lost, ms[i])
+		}
+	}
+	return lost, nil
+}
+
+// DeadLetters lists up to limit dead letters, oldest first.
+func (su *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+	return su.s.deadLetters(ctx, su.info.id, limit)
+}
+
+// Redrive puts the dead letters with these message IDs back on the
+// subscription after everything that arrived meanwhile, with a fresh attempt
+// count.
+func (su *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+	return su.s.redrive(ctx, su.info, ids)
+}
+
+// HeldKeys lists up to limit keys that are in flight or waiting, soonest
+// first.
+func (su *Subscription) HeldKeys(ctx context.Context, limit int) ([]HeldKey, error) {
+	return su.s.heldKeys(ctx, su.info.id, limit)
+}
+
+// IsRetryable reports whether err is transient.
+func (su *Subscription) IsRetryable(err error) bool { return IsRetryable(err) }
+
+// ErrorCode classifies err.
+func (su *Subscription) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }
+
+// Close stops the listener; unsettled messages are left to lease expiry.
+// When the Subscription was opened from a URL it closes its pool.
+func (su *Subscription) Close() error {
+	if su.closed.Swap(true) {
+		return nil
+	}
+	close(su.done)
+	su.listener.wait()
+	if su.ownsPool {
+		su.s.pool.Close()
+	}
+	return nil
+}
+
+
