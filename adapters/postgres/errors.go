@@ -26,12 +26,12 @@ func IsRetryable(err error) bool {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources
-			pgErr.Code == "40001",                // serialization_failure
-			pgErr.Code == "40P01",                // deadlock_detected
-			pgErr.Code == "55P03",                // lock_not_available
-			pgErr.Code == "57P01",                // admin_shutdown
-			pgErr.Code == "57P02",                // crash_shutdown
-			pgErr.Code == "57P03":                // cannot_connect_now
+			pgErr.Code == "40001",               // serialization_failure
+			pgErr.Code == "40P01",               // deadlock_detected
+			pgErr.Code == "55P03",               // lock_not_available
+			pgErr.Code == "57P01",               // admin_shutdown
+			pgErr.Code == "57P02",               // crash_shutdown
+			pgErr.Code == "57P03":               // cannot_connect_now
 			return true
 		}
 		return false

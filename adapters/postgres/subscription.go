@@ -557,5 +557,3 @@ func (su *Subscription) Close() error {
 	}
 	return nil
 }
-
-
