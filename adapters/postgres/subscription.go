@@ -161,7 +161,12 @@ func (su *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapte
 		if su.closed.Load() {
 			return nil, keyorder.ErrClosed
 		}
-		ms, wait, err := su.claim(ctx, maxMessages)
+		// The claim itself is not interrupted by ctx: a claim that committed
+		// but whose answer was dropped would leave its keys leased to no one
+		// until the lease expired. It is bounded by the lease instead.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), su.lease)
+		ms, wait, err := su.claim(cctx, maxMessages)
+		cancel()
 		if err != nil || len(ms) > 0 {
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()
