@@ -45,59 +45,9 @@ SELECT s.id, m.id, m.msg_key, s.ordering = 0 OR m.msg_key IS NULL, coalesce(m.no
 FROM m CROSS JOIN {{schema}}.subscriptions s
 WHERE s.topic_id = $1 AND ($7::integer IS NULL OR s.id = $7)`
 
-// sqlClaimKeys claims up to $2 claimable keys with FOR UPDATE SKIP LOCKED
-// and, for each, a chain of up to $3 deliveries; the chain clause is
-// substituted per policy (chainOrdered, chainExclusive). A key is claimable
-// when its head's claimable_at has passed: that is never the case while a
-// chain of it is leased (claimable_at is then the lease expiry) or while its
-// head message waits (Ordered: claimable_at is that message's
-// can_run_after). Two claimers never take one key: the row lock decides, and
-// the loser skips the key; the winner records the lease in the same
-// statement, so there is no window in which a key is claimed but not yet
-// recorded. Claiming counts an attempt on every chain member (Release gives
-// it back). A key whose head turns out to have no claimable message (rare:
-// a head met mid-update) is rescheduled at its next ready time.
-const sqlClaimKeys = `
-WITH h AS (
-    SELECT msg_key FROM {{schema}}.heads
-    WHERE sub_id = $1 AND claimable_at <= now()
-    ORDER BY claimable_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), c AS (
-    SELECT x.id, x.msg_key FROM h CROSS JOIN LATERAL ({{chain}}) x
-), hu AS (
-    UPDATE {{schema}}.heads hd SET
-        claimable_at = CASE WHEN EXISTS (SELECT 1 FROM c WHERE c.msg_key = hd.msg_key) THEN now() + $4::interval
-            ELSE coalesce((SELECT min(d.can_run_after) FROM {{schema}}.deliveries d
-                           WHERE d.sub_id = $1 AND d.msg_key = hd.msg_key AND NOT d.direct), now() + interval '1 second') END,
-        lease_token = CASE WHEN EXISTS (SELECT 1 FROM c WHERE c.msg_key = hd.msg_key) THEN $5::bigint END
-    FROM h WHERE hd.sub_id = $1 AND hd.msg_key = h.msg_key
-), du AS (
-    UPDATE {{schema}}.deliveries d SET attempts = d.attempts + 1
-    FROM c WHERE d.sub_id = $1 AND d.id = c.id
-    RETURNING d.id, d.attempts
-)
-SELECT m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.not_before, m.published_at, du.attempts
-FROM du JOIN {{schema}}.messages m ON m.id = du.id
-ORDER BY m.msg_key, m.id`
-
-// chainOrdered: the key's oldest deliveries in id order, stopping before the
-// first that is not ready (nothing overtakes a waiting message).
-const chainOrdered = `
-    SELECT y.id, y.msg_key FROM (
-        SELECT d.id, d.msg_key, bool_and(d.can_run_after <= now()) OVER (ORDER BY d.id) AS ok
-        FROM {{schema}}.deliveries d
-        WHERE d.sub_id = $1 AND d.msg_key = h.msg_key AND NOT d.direct
-        ORDER BY d.id LIMIT $3
-    ) y WHERE y.ok`
-
-// chainExclusive: the key's oldest ready deliveries in id order; a message
-// waiting for its retry is overtaken.
-const chainExclusive = `
-    SELECT d.id, d.msg_key FROM {{schema}}.deliveries d
-    WHERE d.sub_id = $1 AND d.msg_key = h.msg_key AND NOT d.direct AND d.can_run_after <= now()
-    ORDER BY d.id LIMIT $3`
+// sqlClaimKeys claims chains of keys through the claim_keys function (see
+// migration/001_init.up.sql for why it is correct under concurrency).
+const sqlClaimKeys = `SELECT * FROM {{schema}}.claim_keys($1, $2, $3, $4::interval, $5, $6)`
 
 // sqlClaimDirect claims deliveries one by one (Parallel subscriptions, and
 // keyless messages on keyed subscriptions): the row's own can_run_after
@@ -139,7 +89,7 @@ const sqlLockRelease = `
 SELECT 1 FROM {{schema}}.heads WHERE sub_id = $1 AND msg_key = ANY($2::text[]) ORDER BY msg_key FOR UPDATE`
 
 const sqlRelease = `
-UPDATE {{schema}}.heads h SET lease_token = NULL, claimable_at = coalesce(({{next}}), 'infinity')
+UPDATE {{schema}}.heads h SET lease_token = NULL, chain_end = NULL, claimable_at = coalesce(({{next}}), 'infinity')
 FROM unnest($2::text[], $3::bigint[]) AS r(key, token)
 WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token`
 
@@ -171,16 +121,14 @@ AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries d
 // then (Ordered) by this can_run_after. A direct delivery is only touched
 // if it is still ours.
 const sqlNackKeyed = `
-UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval WHERE sub_id = $1 AND id = $2`
+UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval, attempts = $4 WHERE sub_id = $1 AND id = $2`
 
 const sqlNackDirect = `
 UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval, lease_token = NULL
 WHERE sub_id = $1 AND id = $2 AND lease_token = $4`
 
-// sqlRelease* give back a claim without counting it.
-const sqlReleaseKeyed = `
-UPDATE {{schema}}.deliveries SET attempts = greatest(attempts - 1, 0) WHERE sub_id = $1 AND id = ANY($2::bigint[])`
-
+// sqlReleaseDirect gives back a direct claim without counting it. (A keyed
+// claim is given back by releasing its chain: claims write no attempt.)
 const sqlReleaseDirect = `
 UPDATE {{schema}}.deliveries d SET attempts = greatest(d.attempts - 1, 0), can_run_after = now(), lease_token = NULL
 FROM unnest($2::bigint[], $3::bigint[]) AS r(id, token)

@@ -113,13 +113,13 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 	if err != nil {
 		return nil, err
 	}
-	chainSQL, next := chainOrdered, nextOrdered
+	next := nextOrdered
 	if info.opts.Ordering == policy.Exclusive {
-		chainSQL, next = chainExclusive, nextExclusive
+		next = nextExclusive
 	}
 	su := &Subscription{
 		s: s, info: info, opts: o,
-		claimKeys:   s.sql(expandPart(sqlClaimKeys, "{{chain}}", chainSQL)),
+		claimKeys:   s.sql(sqlClaimKeys),
 		claimDirect: s.sql(sqlClaimDirect),
 		release:     s.sql(expandPart(sqlRelease, "{{next}}", next)),
 		lease:       o.LeaseDuration,
@@ -196,7 +196,8 @@ func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters
 	b := &pgx.Batch{}
 	if keyed {
 		nkeys := (maxMessages + su.opts.ChainLength - 1) / su.opts.ChainLength
-		b.Queue(su.claimKeys, su.info.id, nkeys, min(su.opts.ChainLength, maxMessages), su.lease, token)
+		b.Queue(su.claimKeys, su.info.id, nkeys, min(su.opts.ChainLength, maxMessages), su.lease, token,
+			su.info.opts.Ordering == policy.Ordered)
 	}
 	b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token)
 	b.Queue(su.s.sql(sqlNextWake), su.info.id)
@@ -387,7 +388,7 @@ func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 	return su.run(ctx, "ack", b, st)
 }
 
-// Nack counts the failed attempt (it was counted when claimed) and makes m
+// Nack records the failed attempt and makes m
 // claimable again not before delay. Under Ordered its key stays held until
 // then: nothing behind m is claimed.
 func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
@@ -399,7 +400,7 @@ func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay tim
 	st := newSettlement(as)
 	b := &pgx.Batch{}
 	if a.chain != nil {
-		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0))
+		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), m.Attempt)
 	} else {
 		b.Queue(su.s.sql(sqlNackDirect), su.info.id, a.id, max(delay, 0), a.token)
 	}
@@ -413,20 +414,15 @@ func (su *Subscription) Release(ctx context.Context, ms []*adapters.Message) err
 	if err != nil || len(as) == 0 {
 		return err
 	}
-	var keyed, direct, tokens []int64
+	var direct, tokens []int64
 	for _, a := range as {
-		if a.chain != nil {
-			keyed = append(keyed, a.id)
-		} else {
+		if a.chain == nil {
 			direct = append(direct, a.id)
 			tokens = append(tokens, a.token)
 		}
 	}
 	st := newSettlement(as)
 	b := &pgx.Batch{}
-	if len(keyed) > 0 {
-		b.Queue(su.s.sql(sqlReleaseKeyed), su.info.id, keyed)
-	}
 	if len(direct) > 0 {
 		b.Queue(su.s.sql(sqlReleaseDirect), su.info.id, direct, tokens)
 	}

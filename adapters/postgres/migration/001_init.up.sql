@@ -46,6 +46,8 @@ CREATE TABLE {{schema}}.deliveries (
     id            bigint NOT NULL,
     msg_key       text,
     direct        boolean NOT NULL,
+    -- finished claims: failed (Nack) or lost (lease expired). The attempt a
+    -- claim reports is attempts + 1.
     attempts      integer NOT NULL DEFAULT 0,
     can_run_after timestamptz NOT NULL,
     lease_token   bigint,
@@ -65,6 +67,10 @@ CREATE TABLE {{schema}}.heads (
     ordered      boolean NOT NULL,
     claimable_at timestamptz NOT NULL,
     lease_token  bigint,
+    -- the last id of the leased chain: if the lease expires, the claim that
+    -- takes the key over counts an attempt on the chain's unsettled members
+    -- (claims do not write the deliveries otherwise)
+    chain_end    bigint,
     PRIMARY KEY (sub_id, msg_key)
 );
 CREATE INDEX heads_claimable ON {{schema}}.heads (sub_id, claimable_at);
@@ -84,3 +90,85 @@ CREATE TABLE {{schema}}.dead_letters (
     PRIMARY KEY (sub_id, id)
 );
 CREATE INDEX dead_letters_msg_id ON {{schema}}.dead_letters (sub_id, msg_id);
+
+-- claim_keys claims up to p_keys claimable keys of an Exclusive or Ordered
+-- subscription and, for each, a chain of up to p_chain deliveries in id
+-- order: under Ordered the oldest ones up to the first that is not ready
+-- (nothing overtakes a waiting message), under Exclusive the oldest ready
+-- ones.
+--
+-- Why it is correct with any number of competing claimers:
+-- * A key is claimable when its head's claimable_at has passed. That is
+--   never the case while a chain of it is leased (claimable_at is then the
+--   lease expiry) or, under Ordered, while its head message waits for a
+--   retry or a publish delay (claimable_at is then that time).
+-- * The heads are locked with FOR UPDATE SKIP LOCKED: two claimers never
+--   take one key, and the winner records its lease before it commits, so
+--   no key is ever claimed but not yet recorded.
+-- * The deliveries are read by a second statement, which (in a VOLATILE
+--   function under READ COMMITTED) takes a new snapshot after the locks are
+--   held. A single statement would read them with a snapshot taken before
+--   it waited for the lock, and could hand out again messages that the
+--   previous holder acknowledged in between.
+-- * A claim writes only the head: the attempt it reports is the delivery's
+--   attempts + 1. Taking over an expired lease (the head still carries a
+--   lease token) counts the lost attempt on the unsettled members of that
+--   chain (id <= chain_end).
+-- * A key whose head has no claimable message (a head met mid-update) is
+--   rescheduled at its next ready time.
+CREATE FUNCTION {{schema}}.claim_keys(p_sub integer, p_keys integer, p_chain integer,
+        p_lease interval, p_token bigint, p_ordered boolean)
+RETURNS TABLE (id bigint, msg_id text, msg_key text, payload bytea, headers jsonb,
+        not_before timestamptz, published_at timestamptz, attempt integer)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_keys text[];
+BEGIN
+    SELECT array_agg(l.msg_key) INTO v_keys FROM (
+        SELECT hd.msg_key FROM {{schema}}.heads hd
+        WHERE hd.sub_id = p_sub AND hd.claimable_at <= now()
+        ORDER BY hd.claimable_at
+        LIMIT p_keys
+        FOR UPDATE SKIP LOCKED) l;
+    IF v_keys IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH h AS (
+        SELECT hd.msg_key, hd.lease_token IS NOT NULL AS expired, hd.chain_end
+        FROM {{schema}}.heads hd WHERE hd.sub_id = p_sub AND hd.msg_key = ANY (v_keys)
+    ), c AS (
+        SELECT x.id, x.msg_key,
+               x.attempts + CASE WHEN h.expired AND x.id <= h.chain_end THEN 2 ELSE 1 END AS attempt
+        FROM h CROSS JOIN LATERAL (
+            SELECT y.id, y.msg_key, y.attempts FROM (
+                SELECT d.id, d.msg_key, d.attempts, bool_and(d.can_run_after <= now()) OVER (ORDER BY d.id) AS ok
+                FROM {{schema}}.deliveries d
+                WHERE d.sub_id = p_sub AND d.msg_key = h.msg_key AND NOT d.direct
+                  AND (p_ordered OR d.can_run_after <= now())
+                ORDER BY d.id LIMIT p_chain
+            ) y WHERE y.ok
+        ) x
+    ), cm AS (
+        SELECT c.msg_key, max(c.id) AS last FROM c GROUP BY c.msg_key
+    ), hu AS (
+        UPDATE {{schema}}.heads hd SET
+            claimable_at = CASE WHEN cm.last IS NOT NULL THEN now() + p_lease
+                ELSE coalesce((SELECT min(d.can_run_after) FROM {{schema}}.deliveries d
+                               WHERE d.sub_id = p_sub AND d.msg_key = hd.msg_key AND NOT d.direct),
+                              now() + interval '1 second') END,
+            lease_token = CASE WHEN cm.last IS NOT NULL THEN p_token END,
+            chain_end = cm.last
+        FROM h LEFT JOIN cm ON cm.msg_key = h.msg_key
+        WHERE hd.sub_id = p_sub AND hd.msg_key = h.msg_key
+    ), lost AS (
+        UPDATE {{schema}}.deliveries d SET attempts = d.attempts + 1
+        FROM h WHERE h.expired AND d.sub_id = p_sub AND d.msg_key = h.msg_key AND NOT d.direct
+          AND d.id <= h.chain_end
+    )
+    SELECT m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.not_before, m.published_at, c.attempt
+    FROM c JOIN {{schema}}.messages m ON m.id = c.id
+    ORDER BY c.msg_key, c.id;
+END
+$$;
