@@ -142,10 +142,10 @@ func report(system, what string, rate float64) {
 }
 
 type results struct {
-	riverPub, riverCon, wmPub, wmCon       float64
-	koPub, koPar, ko10, ko1000, ko10k      float64
-	backSmall, backBig                     float64
-	p50, p99                               time.Duration
+	riverPub, riverCon, wmPub, wmCon  float64
+	koPub, koPar, ko10, ko1000, ko10k float64
+	backSmall, backBig                float64
+	p50, p99                          time.Duration
 }
 
 func (r results) print() {
