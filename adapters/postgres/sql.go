@@ -105,16 +105,18 @@ const sqlDropIdleHeads = `
 DELETE FROM {{schema}}.heads
 WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND claimable_at = 'infinity'`
 
-// sqlAck deletes settled deliveries; sqlDropMessages then deletes the bodies
-// no subscription still needs (dead letters keep their own copy). Two
-// subscriptions acking one message at the same instant may each still see
-// the other's delivery and both keep the body; Purge collects those.
-const sqlAck = `DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY($2::bigint[])`
-
-const sqlDropMessages = `
-DELETE FROM {{schema}}.messages m WHERE m.id = ANY($2::bigint[])
-AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries d
-    WHERE d.sub_id IN (SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $1) AND d.id = m.id)`
+// sqlAck deletes settled deliveries and the message bodies no other
+// subscription of the topic still needs (dead letters keep their own copy).
+// The other subscriptions are looked up once per statement, not per row.
+// Two subscriptions acking one message at the same instant may each still
+// see the other's delivery and both keep the body; Admin.Purge collects
+// those.
+const sqlAck = `
+WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY($2::bigint[]) RETURNING id)
+DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
+AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
+    WHERE x.sub_id = ANY (ARRAY(SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $3 AND id <> $1))
+      AND x.id = m.id)`
 
 // sqlNack makes a delivery claimable again after the delay. A keyed
 // delivery's key stays held by its head until the chain is released, and

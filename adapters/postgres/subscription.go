@@ -382,8 +382,7 @@ func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 	}
 	st := newSettlement(as)
 	b := &pgx.Batch{}
-	b.Queue(su.s.sql(sqlAck), su.info.id, ids)
-	b.Queue(su.s.sql(sqlDropMessages), su.info.topicID, ids)
+	b.Queue(su.s.sql(sqlAck), su.info.id, ids, su.info.topicID)
 	su.queueRelease(b, st)
 	return su.run(ctx, "ack", b, st)
 }

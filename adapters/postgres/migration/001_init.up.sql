@@ -72,7 +72,8 @@ CREATE TABLE {{schema}}.heads (
     -- (claims do not write the deliveries otherwise)
     chain_end    bigint,
     PRIMARY KEY (sub_id, msg_key)
-);
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
+        autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX heads_claimable ON {{schema}}.heads (sub_id, claimable_at);
 
 -- Dead letters keep a copy of the message, so the body outlives retention.
@@ -123,10 +124,15 @@ RETURNS TABLE (id bigint, msg_id text, msg_key text, payload bytea, headers json
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    v_keys text[];
+    v_keys    text[];
+    v_ctids   tid[];
+    v_expired boolean[];
+    v_ends    bigint[];
 BEGIN
-    SELECT array_agg(l.msg_key) INTO v_keys FROM (
-        SELECT hd.msg_key FROM {{schema}}.heads hd
+    SELECT array_agg(l.msg_key), array_agg(l.ctid), array_agg(l.lease_token IS NOT NULL), array_agg(l.chain_end)
+    INTO v_keys, v_ctids, v_expired, v_ends
+    FROM (
+        SELECT hd.msg_key, hd.ctid, hd.lease_token, hd.chain_end FROM {{schema}}.heads hd
         WHERE hd.sub_id = p_sub AND hd.claimable_at <= now()
         ORDER BY hd.claimable_at
         LIMIT p_keys
@@ -134,10 +140,11 @@ BEGIN
     IF v_keys IS NULL THEN
         RETURN;
     END IF;
+    -- The locked rows cannot change under us: their values and ctids stay
+    -- valid for the second statement.
     RETURN QUERY
     WITH h AS (
-        SELECT hd.msg_key, hd.lease_token IS NOT NULL AS expired, hd.chain_end
-        FROM {{schema}}.heads hd WHERE hd.sub_id = p_sub AND hd.msg_key = ANY (v_keys)
+        SELECT * FROM unnest(v_keys, v_ctids, v_expired, v_ends) AS u(msg_key, row_id, expired, chain_end)
     ), c AS (
         SELECT x.id, x.msg_key,
                x.attempts + CASE WHEN h.expired AND x.id <= h.chain_end THEN 2 ELSE 1 END AS attempt
@@ -161,7 +168,7 @@ BEGIN
             lease_token = CASE WHEN cm.last IS NOT NULL THEN p_token END,
             chain_end = cm.last
         FROM h LEFT JOIN cm ON cm.msg_key = h.msg_key
-        WHERE hd.sub_id = p_sub AND hd.msg_key = h.msg_key
+        WHERE hd.ctid = h.row_id
     ), lost AS (
         UPDATE {{schema}}.deliveries d SET attempts = d.attempts + 1
         FROM h WHERE h.expired AND d.sub_id = p_sub AND d.msg_key = h.msg_key AND NOT d.direct
