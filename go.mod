@@ -1,3 +1,5 @@
 module github.com/keyorder/keyorder
 
 go 1.26
+
+require github.com/google/uuid v1.6.0 // indirect
