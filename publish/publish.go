@@ -312,12 +312,15 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		p.mu.Unlock()
 
 		err := p.send(batch)
-		for _, r := range batch {
-			r.done <- err
-		}
 		if err == nil {
+			for _, r := range batch {
+				r.done <- nil
+			}
 			continue
 		}
+		// Pause (and fail what queued behind the batch) before the callers
+		// hear of the failure, so a publish they make next sees the pause,
+		// or under AutoResume is sent.
 		p.mu.Lock()
 		if !p.cfg.AutoResume {
 			p.paused[key] = err
@@ -327,7 +330,10 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		}
 		kq.pending = nil
 		p.mu.Unlock()
-		p.cfg.Logger.Warn("keyorder: publish failed; key paused", "key", key, "resume", !p.cfg.AutoResume, "err", err)
+		for _, r := range batch {
+			r.done <- err
+		}
+		p.cfg.Logger.Warn("keyorder: keyed publish failed", "key", key, "paused", !p.cfg.AutoResume, "err", err)
 	}
 }
 
