@@ -188,10 +188,25 @@ type Pool[T any] struct {
 }
 
 // lane is one queue with its workers. Everything but space is guarded by mu.
+//
+// Waiting items are split in two, oldest first: q, the groupq.Queue that
+// decides what is deliverable, and staged, a plain FIFO of newer items not
+// yet handed to q (Submit only appends to staged). Workers move staged items
+// into q only when q has nothing deliverable. Whether an item is deliverable
+// depends only on older items of its group and on what is in flight, so the
+// result is exactly that of one queue holding everything, while q stays small
+// (a full lane would otherwise make each Pop walk heaps of Capacity entries).
+//
+// A lane with a single worker goes one step further (see take): when q holds
+// nothing and nothing is in flight, the oldest staged item is deliverable
+// under every ordering, so the worker takes it without passing it through q.
 type lane[T any] struct {
 	mu      sync.Mutex
 	ready   sync.Cond // workers wait here for a deliverable item
 	q       *groupq.Queue[T]
+	staged  fifo[T]
+	single  bool // one worker: take may bypass q
+	direct  int  // items taken straight from staged, in flight (0 or 1)
 	idle    int  // workers waiting on ready
 	closed  bool // no more Submits; workers stop taking items
 	waiters int  // Submits waiting for space
@@ -230,7 +245,7 @@ func New[T any](cfg *Config, h Handler[T]) (*Pool[T], error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for i := range p.lanes {
-		l := &lane[T]{q: groupq.New[T](c.Ordering), space: make(chan struct{}, 1)}
+		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, space: make(chan struct{}, 1)}
 		l.ready.L = &l.mu
 		p.lanes[i] = l
 	}
@@ -275,7 +290,7 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 	}
 	l := p.laneFor(key, keyed)
 	l.mu.Lock()
-	if l.q.Len() >= p.capacity {
+	if l.waiting() >= p.capacity {
 		if err := p.waitSpace(ctx, l); err != nil {
 			l.mu.Unlock()
 			return err
@@ -285,15 +300,13 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 		l.mu.Unlock()
 		return keyorder.ErrClosed
 	}
-	l.q.Push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v})
+	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v})
 	if l.idle > 0 {
-		if notBefore.IsZero() {
-			l.ready.Signal()
-		} else {
-			l.arm()
-		}
+		// The woken worker takes the item, or files it in q (which then
+		// knows when a delayed item is due) before it waits again.
+		l.ready.Signal()
 	}
-	if l.waiters > 0 && l.q.Len() < p.capacity {
+	if l.waiters > 0 && l.waiting() < p.capacity {
 		l.notifySpace() // pass the baton to the next waiting Submit
 	}
 	l.mu.Unlock()
@@ -305,7 +318,7 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
 	l.waiters++
 	defer func() { l.waiters-- }()
-	for l.q.Len() >= p.capacity && !l.closed {
+	for l.waiting() >= p.capacity && !l.closed {
 		l.mu.Unlock()
 		var err error
 		select {
@@ -316,13 +329,80 @@ func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
 		}
 		l.mu.Lock()
 		if err != nil {
-			if l.waiters > 1 && l.q.Len() < p.capacity {
+			if l.waiters > 1 && l.waiting() < p.capacity {
 				l.notifySpace() // the token may have been meant for us
 			}
 			return err
 		}
 	}
 	return nil
+}
+
+// waiting returns the number of waiting items of l.
+func (l *lane[T]) waiting() int { return l.q.Len() + l.staged.len() }
+
+// task is an item handed to a worker: either popped from q, or (direct)
+// taken straight from staged, in which case q knows nothing of it.
+type task[T any] struct {
+	h      groupq.Handle[T]
+	direct bool
+}
+
+// take hands out the oldest deliverable item, moving staged items into q as
+// long as q has none deliverable. timed reports whether due delayed items
+// may have been released, which another worker might take. If take fails,
+// staged is empty.
+func (l *lane[T]) take() (t task[T], ok, timed bool) {
+	if l.single && l.q.Len() == 0 && l.staged.len() > 0 && l.staged.front().At.IsZero() {
+		// Nothing older is waiting and, with one worker, nothing is in
+		// flight: the item is deliverable whatever its key. While it runs
+		// nobody else touches q, so if it is retried, pushing it then
+		// gives it the same place (after nothing, before every staged item)
+		// that groupq's Retry would.
+		l.direct++
+		return task[T]{h: groupq.Handle[T]{Item: l.staged.pop()}, direct: true}, true, false
+	}
+	// groupq needs the time only for parked or delayed items.
+	var now time.Time
+	if _, ok := l.q.NextWake(); ok {
+		now = time.Now()
+	}
+	for {
+		if l.q.Len() > 0 {
+			if h, ok := l.q.Pop(now); ok {
+				return task[T]{h: h}, true, !now.IsZero()
+			}
+		}
+		if l.staged.len() == 0 {
+			return t, false, false
+		}
+		it := l.staged.pop()
+		if !it.At.IsZero() && now.IsZero() {
+			now = time.Now()
+		}
+		l.q.Push(it)
+	}
+}
+
+// settle records the handler's result for t, with l.mu held.
+func (l *lane[T]) settle(t task[T], r Result) {
+	at := r.at
+	if r.retry && !at.IsZero() && !at.After(time.Now()) {
+		at = time.Time{}
+	}
+	switch {
+	case t.direct:
+		l.direct--
+		if r.retry {
+			it := t.h.Item
+			it.At = at
+			l.q.Push(it)
+		}
+	case r.retry:
+		l.q.Retry(t.h, at)
+	default:
+		l.q.Done(t.h)
+	}
 }
 
 func (l *lane[T]) notifySpace() {
@@ -366,22 +446,14 @@ func (p *Pool[T]) work(l *lane[T]) {
 	}()
 	l.mu.Lock()
 	for {
-		h, ok := p.next(l)
+		t, ok := l.next()
 		if !ok {
 			break
 		}
 		l.mu.Unlock()
-		r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+		r := p.handler(p.ctx, t.h.Item.Key, t.h.Item.Keyed, t.h.Item.Value)
 		l.mu.Lock()
-		if !r.retry {
-			l.q.Done(h)
-		} else {
-			at := r.at
-			if !at.IsZero() && !at.After(time.Now()) {
-				at = time.Time{}
-			}
-			l.q.Retry(h, at)
-		}
+		l.settle(t, r)
 		// Done or Retry can make at most one item deliverable, and this
 		// worker takes the oldest next; idle workers only need the timer
 		// for items that are now parked or delayed.
@@ -394,30 +466,28 @@ func (p *Pool[T]) work(l *lane[T]) {
 
 // next takes the oldest deliverable item of l, waiting for one with l.mu
 // held. It returns false once the lane is closed.
-func (p *Pool[T]) next(l *lane[T]) (groupq.Handle[T], bool) {
+func (l *lane[T]) next() (task[T], bool) {
 	for !l.closed {
-		// groupq needs the time only for parked or delayed items.
-		var now time.Time
-		_, timed := l.q.NextWake()
-		if timed {
-			now = time.Now()
-		}
-		if h, ok := l.q.Pop(now); ok {
+		if t, ok, timed := l.take(); ok {
 			if l.waiters > 0 {
 				l.notifySpace()
 			}
-			if timed && l.idle > 0 && l.q.Len() > 0 {
-				// Pop may have released several due items at once.
-				l.ready.Signal()
+			if l.idle > 0 {
+				// take may have filed delayed items in q, or released
+				// several due ones at once.
+				l.arm()
+				if timed && l.waiting() > 0 {
+					l.ready.Signal()
+				}
 			}
-			return h, true
+			return t, true
 		}
 		l.arm()
 		l.idle++
 		l.ready.Wait()
 		l.idle--
 	}
-	return groupq.Handle[T]{}, false
+	return task[T]{}, false
 }
 
 // Close stops the pool. It stops admitting items (Submit returns
@@ -464,6 +534,9 @@ func (p *Pool[T]) Close(ctx context.Context) (leftover []T, err error) {
 		for _, it := range l.q.Drain() {
 			leftover = append(leftover, it.Value)
 		}
+		for l.staged.len() > 0 {
+			leftover = append(leftover, l.staged.pop().Value)
+		}
 		l.mu.Unlock()
 	}
 	return leftover, err
@@ -475,9 +548,41 @@ func (p *Pool[T]) Stats() Stats {
 	var s Stats
 	for _, l := range p.lanes {
 		l.mu.Lock()
-		s.Queued += l.q.Len()
-		s.InFlight += l.q.InFlight()
+		s.Queued += l.waiting()
+		s.InFlight += l.q.InFlight() + l.direct
 		l.mu.Unlock()
 	}
 	return s
+}
+
+// fifo is a growable ring of items; its length is a power of two. It grows
+// only while a lane fills up for the first time, so the steady state does not
+// allocate.
+type fifo[T any] struct {
+	buf  []groupq.Item[T]
+	head int
+	n    int
+}
+
+func (f *fifo[T]) len() int { return f.n }
+
+func (f *fifo[T]) push(it groupq.Item[T]) {
+	if f.n == len(f.buf) {
+		buf := make([]groupq.Item[T], max(16, 2*len(f.buf)))
+		k := copy(buf, f.buf[f.head:])
+		copy(buf[k:], f.buf[:f.head])
+		f.buf, f.head = buf, 0
+	}
+	f.buf[(f.head+f.n)&(len(f.buf)-1)] = it
+	f.n++
+}
+
+func (f *fifo[T]) front() *groupq.Item[T] { return &f.buf[f.head] }
+
+func (f *fifo[T]) pop() groupq.Item[T] {
+	it := f.buf[f.head]
+	f.buf[f.head] = groupq.Item[T]{}
+	f.head = (f.head + 1) & (len(f.buf) - 1)
+	f.n--
+	return it
 }
