@@ -21,7 +21,8 @@
 // native), lease (a Go duration; default 30s), maxbatch (default 10), chain
 // (messages of one key per receive, native only; default 1). The
 // subscription is created on first open; opening it again with a different
-// ordering or hold fails. Topic parameters: maxkey, maxpayload (bytes).
+// ordering or hold fails. Topic parameters: maxkey, maxpayload (bytes), payload (required or
+// optional; default optional).
 // Topics and subscriptions opened by URL live in one broker per process,
 // owned by the registered opener.
 //
@@ -116,6 +117,8 @@ type TopicConfig struct {
 	MaxKeyBytes int
 	// MaxPayloadBytes limits payloads. Defaults to MaxPayloadDefault.
 	MaxPayloadBytes int
+	// PayloadRequired rejects empty payloads.
+	PayloadRequired bool
 }
 
 // Broker is an in-memory broker. It is safe for concurrent use.
@@ -256,6 +259,7 @@ func (t *Topic) Limits() adapters.Limits {
 		MaxKeyBytes:      t.t.cfg.MaxKeyBytes,
 		KeyUTF8:          true,
 		MaxPayloadBytes:  t.t.cfg.MaxPayloadBytes,
+		PayloadRequired:  t.t.cfg.PayloadRequired,
 		MaxBatchMessages: 1000,
 	}
 }
@@ -383,6 +387,13 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 	}
 	var cfg TopicConfig
 	for p, vs := range u.Query() {
+		if p == "payload" {
+			if vs[0] != "required" && vs[0] != "optional" {
+				return nil, adapters.BadParam(u, p, "want required or optional")
+			}
+			cfg.PayloadRequired = vs[0] == "required"
+			continue
+		}
 		n, err := strconv.Atoi(vs[0])
 		switch {
 		case p != "maxkey" && p != "maxpayload":
