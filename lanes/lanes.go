@@ -182,6 +182,9 @@ type Pool[T any] struct {
 	closing chan struct{} // closed when Close starts: wakes blocked Submits
 	stopped chan struct{} // closed when the last worker has returned
 	live    atomic.Int64  // workers still running
+	// stopping is set when Close starts; workers read it between the items
+	// of a batch without taking the lane's lock.
+	stopping atomic.Bool
 
 	closeMu sync.Mutex
 	closed  bool
@@ -197,19 +200,26 @@ type Pool[T any] struct {
 // result is exactly that of one queue holding everything, while q stays small
 // (a full lane would otherwise make each Pop walk heaps of Capacity entries).
 //
-// A lane with a single worker goes one step further (see take): when q holds
-// nothing and nothing is in flight, the oldest staged item is deliverable
-// under every ordering, so the worker takes it without passing it through q.
+// A lane with a single worker goes one step further (see workSingle): when
+// q holds nothing and nothing is in flight, the oldest staged item is
+// deliverable under every ordering, and so is the next one once it is done,
+// so the worker takes a run of them at once without passing them through q.
 type lane[T any] struct {
-	mu      sync.Mutex
-	ready   sync.Cond // workers wait here for a deliverable item
-	q       *groupq.Queue[T]
-	staged  fifo[T]
-	single  bool // one worker: take may bypass q
-	direct  int  // items taken straight from staged, in flight (0 or 1)
-	idle    int  // workers waiting on ready
-	closed  bool // no more Submits; workers stop taking items
-	waiters int  // Submits waiting for space
+	mu     sync.Mutex
+	ready  sync.Cond // workers wait here for a deliverable item
+	q      *groupq.Queue[T]
+	staged fifo[T]
+	single bool // one worker (ByKey, or Shared with one worker)
+	direct int  // single: items of the worker's batch running (0 or 1)
+	// held counts the items of the worker's batch not yet started (single
+	// lanes). The worker lowers it as it starts each one, without the lock.
+	held   atomic.Int64
+	idle   int  // workers waiting on ready
+	closed bool // no more Submits; workers stop taking items
+	// waiters counts the Submits waiting for space. A waiter adds itself
+	// before it checks for space and the worker lowers held before it
+	// reads waiters, so one of the two sees the other.
+	waiters atomic.Int64
 	// space receives a token when a slot may have freed. With one slot of
 	// buffer no token is lost; a stale token costs a waiter one recheck.
 	space   chan struct{}
@@ -306,7 +316,7 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 		// knows when a delayed item is due) before it waits again.
 		l.ready.Signal()
 	}
-	if l.waiters > 0 && l.waiting() < p.capacity {
+	if l.waiters.Load() > 0 && l.waiting() < p.capacity {
 		l.notifySpace() // pass the baton to the next waiting Submit
 	}
 	l.mu.Unlock()
@@ -316,8 +326,8 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 // waitSpace waits, with l.mu held, until l has room or is closed. It returns
 // ctx.Err() if ctx ends first.
 func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
-	l.waiters++
-	defer func() { l.waiters-- }()
+	l.waiters.Add(1)
+	defer l.waiters.Add(-1)
 	for l.waiting() >= p.capacity && !l.closed {
 		l.mu.Unlock()
 		var err error
@@ -329,7 +339,7 @@ func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
 		}
 		l.mu.Lock()
 		if err != nil {
-			if l.waiters > 1 && l.waiting() < p.capacity {
+			if l.waiters.Load() > 1 && l.waiting() < p.capacity {
 				l.notifySpace() // the token may have been meant for us
 			}
 			return err
@@ -339,29 +349,13 @@ func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
 }
 
 // waiting returns the number of waiting items of l.
-func (l *lane[T]) waiting() int { return l.q.Len() + l.staged.len() }
-
-// task is an item handed to a worker: either popped from q, or (direct)
-// taken straight from staged, in which case q knows nothing of it.
-type task[T any] struct {
-	h      groupq.Handle[T]
-	direct bool
-}
+func (l *lane[T]) waiting() int { return l.q.Len() + l.staged.len() + int(l.held.Load()) }
 
 // take hands out the oldest deliverable item, moving staged items into q as
 // long as q has none deliverable. timed reports whether due delayed items
 // may have been released, which another worker might take. If take fails,
 // staged is empty.
-func (l *lane[T]) take() (t task[T], ok, timed bool) {
-	if l.single && l.q.Len() == 0 && l.staged.len() > 0 && l.staged.front().At.IsZero() {
-		// Nothing older is waiting and, with one worker, nothing is in
-		// flight: the item is deliverable whatever its key. While it runs
-		// nobody else touches q, so if it is retried, pushing it then
-		// gives it the same place (after nothing, before every staged item)
-		// that groupq's Retry would.
-		l.direct++
-		return task[T]{h: groupq.Handle[T]{Item: l.staged.pop()}, direct: true}, true, false
-	}
+func (l *lane[T]) take() (h groupq.Handle[T], ok, timed bool) {
 	// groupq needs the time only for parked or delayed items.
 	var now time.Time
 	if _, ok := l.q.NextWake(); ok {
@@ -370,11 +364,11 @@ func (l *lane[T]) take() (t task[T], ok, timed bool) {
 	for {
 		if l.q.Len() > 0 {
 			if h, ok := l.q.Pop(now); ok {
-				return task[T]{h: h}, true, !now.IsZero()
+				return h, true, !now.IsZero()
 			}
 		}
 		if l.staged.len() == 0 {
-			return t, false, false
+			return h, false, false
 		}
 		it := l.staged.pop()
 		if !it.At.IsZero() && now.IsZero() {
@@ -384,24 +378,20 @@ func (l *lane[T]) take() (t task[T], ok, timed bool) {
 	}
 }
 
-// settle records the handler's result for t, with l.mu held.
-func (l *lane[T]) settle(t task[T], r Result) {
-	at := r.at
-	if r.retry && !at.IsZero() && !at.After(time.Now()) {
-		at = time.Time{}
+// retryTime returns when a retried item is due; zero means now.
+func (r Result) retryTime() time.Time {
+	if !r.at.IsZero() && !r.at.After(time.Now()) {
+		return time.Time{}
 	}
-	switch {
-	case t.direct:
-		l.direct--
-		if r.retry {
-			it := t.h.Item
-			it.At = at
-			l.q.Push(it)
-		}
-	case r.retry:
-		l.q.Retry(t.h, at)
-	default:
-		l.q.Done(t.h)
+	return r.at
+}
+
+// settle records the handler's result for h, with l.mu held.
+func (l *lane[T]) settle(h groupq.Handle[T], r Result) {
+	if r.retry {
+		l.q.Retry(h, r.retryTime())
+	} else {
+		l.q.Done(h)
 	}
 }
 
@@ -444,16 +434,20 @@ func (p *Pool[T]) work(l *lane[T]) {
 			close(p.stopped)
 		}
 	}()
+	if l.single {
+		p.workSingle(l)
+		return
+	}
 	l.mu.Lock()
 	for {
-		t, ok := l.next()
+		h, ok := l.next()
 		if !ok {
 			break
 		}
 		l.mu.Unlock()
-		r := p.handler(p.ctx, t.h.Item.Key, t.h.Item.Keyed, t.h.Item.Value)
+		r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
 		l.mu.Lock()
-		l.settle(t, r)
+		l.settle(h, r)
 		// Done or Retry can make at most one item deliverable, and this
 		// worker takes the oldest next; idle workers only need the timer
 		// for items that are now parked or delayed.
@@ -466,10 +460,10 @@ func (p *Pool[T]) work(l *lane[T]) {
 
 // next takes the oldest deliverable item of l, waiting for one with l.mu
 // held. It returns false once the lane is closed.
-func (l *lane[T]) next() (task[T], bool) {
+func (l *lane[T]) next() (groupq.Handle[T], bool) {
 	for !l.closed {
-		if t, ok, timed := l.take(); ok {
-			if l.waiters > 0 {
+		if h, ok, timed := l.take(); ok {
+			if l.waiters.Load() > 0 {
 				l.notifySpace()
 			}
 			if l.idle > 0 {
@@ -480,14 +474,88 @@ func (l *lane[T]) next() (task[T], bool) {
 					l.ready.Signal()
 				}
 			}
-			return t, true
+			return h, true
 		}
 		l.arm()
 		l.idle++
 		l.ready.Wait()
 		l.idle--
 	}
-	return task[T]{}, false
+	return groupq.Handle[T]{}, false
+}
+
+// batchMax bounds the run of items a single-worker lane takes at once.
+const batchMax = 32
+
+// workSingle is the loop of the only worker of l. When q is empty, no item
+// of l is in flight, so the oldest staged item is deliverable under every
+// ordering, and after it is done the next one is too. The worker then takes
+// a run of such items (stopping before a delayed one) with one lock, and
+// runs them in order. If one is retried, or Close starts, it stops there:
+// the retried item goes into q, where nothing else can have arrived
+// meanwhile, so it gets exactly the place groupq's Retry would give it
+// (before every staged item), and the items not started go back to the
+// front of staged. The result is the same as taking the items one by one.
+func (p *Pool[T]) workSingle(l *lane[T]) {
+	batch := make([]groupq.Item[T], 0, batchMax)
+	l.mu.Lock()
+	for !l.closed {
+		if l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
+			h, ok := l.next()
+			if !ok {
+				break
+			}
+			l.mu.Unlock()
+			r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+			l.mu.Lock()
+			l.settle(h, r)
+			continue
+		}
+		for len(batch) < batchMax && l.staged.len() > 0 && l.staged.front().At.IsZero() {
+			batch = append(batch, l.staged.pop())
+		}
+		// Until they start, the items of the batch count as waiting, so a
+		// lane never holds more than Capacity items not started.
+		l.direct = 1
+		l.held.Store(int64(len(batch) - 1))
+		if l.waiters.Load() > 0 {
+			l.notifySpace()
+		}
+		l.mu.Unlock()
+		var r Result
+		n := 0
+		for n < len(batch) {
+			if n > 0 {
+				l.held.Add(-1)
+				if l.waiters.Load() > 0 {
+					l.notifySpace()
+				}
+			}
+			it := &batch[n]
+			r = p.handler(p.ctx, it.Key, it.Keyed, it.Value)
+			n++
+			if r.retry || p.stopping.Load() {
+				break
+			}
+		}
+		l.mu.Lock()
+		l.direct = 0
+		l.held.Store(0)
+		if r.retry {
+			it := batch[n-1]
+			it.At = r.retryTime()
+			l.q.Push(it)
+		}
+		for i := len(batch) - 1; i >= n; i-- {
+			l.staged.pushFront(batch[i])
+		}
+		clear(batch)
+		batch = batch[:0]
+		if l.waiters.Load() > 0 && l.waiting() < p.capacity {
+			l.notifySpace()
+		}
+	}
+	l.mu.Unlock()
 }
 
 // Close stops the pool. It stops admitting items (Submit returns
@@ -507,6 +575,7 @@ func (p *Pool[T]) Close(ctx context.Context) (leftover []T, err error) {
 	}
 	p.closed = true
 	p.closeMu.Unlock()
+	p.stopping.Store(true)
 
 	for _, l := range p.lanes {
 		l.mu.Lock()
@@ -568,16 +637,30 @@ func (f *fifo[T]) len() int { return f.n }
 
 func (f *fifo[T]) push(it groupq.Item[T]) {
 	if f.n == len(f.buf) {
-		buf := make([]groupq.Item[T], max(16, 2*len(f.buf)))
-		k := copy(buf, f.buf[f.head:])
-		copy(buf[k:], f.buf[:f.head])
-		f.buf, f.head = buf, 0
+		f.grow()
 	}
 	f.buf[(f.head+f.n)&(len(f.buf)-1)] = it
 	f.n++
 }
 
 func (f *fifo[T]) front() *groupq.Item[T] { return &f.buf[f.head] }
+
+func (f *fifo[T]) grow() {
+	buf := make([]groupq.Item[T], max(16, 2*len(f.buf)))
+	k := copy(buf, f.buf[f.head:])
+	copy(buf[k:], f.buf[:f.head])
+	f.buf, f.head = buf, 0
+}
+
+// pushFront puts it back before the oldest item.
+func (f *fifo[T]) pushFront(it groupq.Item[T]) {
+	if f.n == len(f.buf) {
+		f.grow()
+	}
+	f.head = (f.head - 1) & (len(f.buf) - 1)
+	f.buf[f.head] = it
+	f.n++
+}
 
 func (f *fifo[T]) pop() groupq.Item[T] {
 	it := f.buf[f.head]

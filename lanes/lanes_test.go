@@ -768,3 +768,90 @@ func seq(n int) []int {
 	}
 	return s
 }
+
+// TestSingleWorkerRuns: a single-worker lane takes runs of items at once;
+// a retry in the middle of a run, and Close, must leave the same result as
+// taking items one by one.
+func TestSingleWorkerRuns(t *testing.T) {
+	for _, tc := range []struct {
+		o    policy.Ordering
+		want string
+	}{
+		{policy.Ordered, "x0@0s a1@1s b1@1s b2@1s a1@6s a2@6s "},
+		{policy.Exclusive, "x0@0s a1@1s a2@1s b1@1s b2@1s a1@6s "},
+	} {
+		t.Run("retry/"+tc.o.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := newRecorder()
+				var once sync.Once
+				p := mustNew(t, &Config{Workers: 1, Ordering: tc.o},
+					func(ctx context.Context, key string, keyed bool, v string) Result {
+						rec.add(v)
+						retry := false
+						switch v {
+						case "x0":
+							time.Sleep(time.Second) // the rest queue up behind it
+						case "a1":
+							once.Do(func() { retry = true })
+						}
+						if retry {
+							return RetryAt(time.Now().Add(5 * time.Second))
+						}
+						return Done()
+					})
+				submit(t, p, "x", time.Time{}, "x0")
+				synctest.Wait()
+				for _, it := range []item{{"a1", "A"}, {"a2", "A"}, {"b1", "B"}, {"b2", "B"}} {
+					submit(t, p, it.key, time.Time{}, it.name)
+				}
+				time.Sleep(time.Minute)
+				if got := rec.String(); got != tc.want {
+					t.Errorf("starts:\n got %s\nwant %s", got, tc.want)
+				}
+				closePool(t, p)
+			})
+		})
+	}
+	t.Run("close", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			gate := make(chan struct{})
+			rec := newRecorder()
+			p := mustNew(t, &Config{Workers: 1},
+				func(ctx context.Context, key string, keyed bool, v int) Result {
+					rec.add(fmt.Sprint(v))
+					switch v {
+					case 0:
+						time.Sleep(time.Second)
+					case 1:
+						<-gate
+					}
+					return Done()
+				})
+			for i := range 10 {
+				submit(t, p, "k", time.Time{}, i)
+			}
+			time.Sleep(2 * time.Second) // 1 is running, 2..9 were taken with it
+			if s := p.Stats(); s != (Stats{Queued: 8, InFlight: 1}) {
+				t.Errorf("Stats = %+v, want 8 queued, 1 in flight", s)
+			}
+			type res struct {
+				left []int
+				err  error
+			}
+			closed := make(chan res, 1)
+			go func() {
+				l, err := p.Close(context.Background())
+				closed <- res{l, err}
+			}()
+			synctest.Wait()
+			close(gate)
+			r := <-closed
+			if r.err != nil || !slices.Equal(r.left, []int{2, 3, 4, 5, 6, 7, 8, 9}) {
+				t.Errorf("Close = %v, %v; want [2..9], nil", r.left, r.err)
+			}
+			if got := rec.names(); !slices.Equal(got, []string{"0", "1"}) {
+				t.Errorf("ran %v, want [0 1]", got)
+			}
+		})
+	})
+}
