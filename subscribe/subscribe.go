@@ -142,6 +142,7 @@ type Subscriber struct {
 	done     chan struct{}
 
 	tokens chan struct{}
+	acks   chan *item
 
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
@@ -204,6 +205,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		shutdown:    make(chan struct{}),
 		done:        make(chan struct{}),
 		tokens:      make(chan struct{}, c.MaxOutstanding),
+		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
 		acked:       newIDSet(c.DedupeSize),
 	}
@@ -258,6 +260,8 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	leaseDone := make(chan struct{})
 	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
 	go s.keepLeases(leaseCtx, leaseDone)
+	ackDone := make(chan struct{})
+	go s.acker(ackDone)
 
 	runErr := s.pump(rctx, pool)
 
@@ -279,6 +283,8 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 		}
 		cancel()
 	}
+	close(s.acks)
+	<-ackDone
 	stopLeases()
 	<-leaseDone
 	return runErr
@@ -340,7 +346,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true}
 			if s.acked.has(m.ID) {
 				s.stats.Suppressed.Add(1)
-				s.settle(it, func(ctx context.Context) error { return s.drv.Ack(ctx, []*adapters.Message{m}) })
+				s.acks <- it
 				continue
 			}
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
@@ -404,6 +410,45 @@ func (s *Subscriber) forget(it *item) {
 	}
 }
 
+// ackBatchMax is the most acknowledgements sent in one driver call.
+const ackBatchMax = 256
+
+// acker sends acknowledgements in batches: it takes what has queued up
+// while the previous call ran, so an idle subscriber acks at once and a busy
+// one makes one round trip for many messages.
+func (s *Subscriber) acker(done chan<- struct{}) {
+	defer close(done)
+	batch := make([]*item, 0, ackBatchMax)
+	ms := make([]*adapters.Message, 0, ackBatchMax)
+	for it := range s.acks {
+		batch = append(batch[:0], it)
+	more:
+		for len(batch) < ackBatchMax {
+			select {
+			case it, ok := <-s.acks:
+				if !ok {
+					break more
+				}
+				batch = append(batch, it)
+			default:
+				break more
+			}
+		}
+		ms = ms[:0]
+		for _, it := range batch {
+			ms = append(ms, it.m)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := s.drv.Ack(ctx, ms); err != nil {
+			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
+		}
+		cancel()
+		for _, it := range batch {
+			s.forget(it)
+		}
+	}
+}
+
 // settle runs a driver call that finishes an item, logging its failure.
 func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -448,7 +493,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if err == nil {
 		s.acked.add(m.ID)
 		s.stats.Acked.Add(1)
-		s.settle(it, func(ctx context.Context) error { return s.drv.Ack(ctx, []*adapters.Message{m}) })
+		s.acks <- it
 		return lanes.Done()
 	}
 	if it.lost.Load() {
