@@ -167,6 +167,19 @@ func workedExample(f *fixture) {
 	}
 }
 
+// failOnce returns a handler that fails the first delivery of the message
+// named name with err and acknowledges everything else.
+func failOnce(name string, err error) subscribe.HandlerFunc {
+	var once sync.Once
+	return func(ctx context.Context, d *keyorder.Delivery) error {
+		var res error
+		if nameOf(d) == name {
+			once.Do(func() { res = err })
+		}
+		return res
+	}
+}
+
 // ledger publishes 101..104 for acct-42.
 func ledger(f *fixture) {
 	p := f.publisher(nil)
@@ -175,14 +188,7 @@ func ledger(f *fixture) {
 
 func ledgerRetry(f *fixture) {
 	ledger(f)
-	var once sync.Once
-	f.subscribe(&subscribe.Config{Workers: 4}, func(ctx context.Context, d *keyorder.Delivery) error {
-		var err error
-		if nameOf(d) == "101" {
-			once.Do(func() { err = errors.New("subtract 500: insufficient funds service timeout") })
-		}
-		return err
-	})
+	f.subscribe(&subscribe.Config{Workers: 4}, failOnce("101", errors.New("balance service timed out")))
 	f.waitFor(40, "104 applied", func() bool { return slices.Contains(f.rec.succeeded("acct-42"), "104") })
 	if got, want := f.rec.starts("acct-42"), []string{"101", "101", "102", "103", "104"}; !slices.Equal(got, want) {
 		f.t.Fatalf("acct-42 handled %v, want %v (102-104 must wait for 101's retry)", got, want)
@@ -213,14 +219,7 @@ func ledgerDeadLetter(f *fixture) {
 func retryAfterHoldsOnlyItsGroup(f *fixture) {
 	p := f.publisher(nil)
 	f.publish(p, "a1:A", "a2:A")
-	var once sync.Once
-	f.subscribe(&subscribe.Config{Workers: 4}, func(ctx context.Context, d *keyorder.Delivery) error {
-		var err error
-		if nameOf(d) == "a1" {
-			once.Do(func() { err = keyorder.RetryAfter(errors.New("later"), 6*f.unit) })
-		}
-		return err
-	})
+	f.subscribe(&subscribe.Config{Workers: 4}, failOnce("a1", keyorder.RetryAfter(errors.New("later"), 6*f.unit)))
 	f.waitFor(20, "a1 failed", func() bool { return len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0 })
 	failedAt := time.Now()
 	f.publish(p, "b1:B", "b2:B")
@@ -348,14 +347,7 @@ func missingKey(f *fixture) {
 func exclusiveOvertakes(f *fixture) {
 	p := f.publisher(nil)
 	f.publish(p, "101:acct", "102:acct")
-	var once sync.Once
-	f.subscribe(&subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
-		var err error
-		if nameOf(d) == "101" {
-			once.Do(func() { err = keyorder.RetryAfter(errors.New("later"), 4*f.unit) })
-		}
-		return err
-	})
+	f.subscribe(&subscribe.Config{Workers: 2}, failOnce("101", keyorder.RetryAfter(errors.New("later"), 4*f.unit)))
 	f.waitFor(30, "101 retried", func() bool { return slices.Contains(f.rec.succeeded("acct"), "101") })
 	if got, want := f.rec.starts("acct"), []string{"101", "102", "101"}; !slices.Equal(got, want) {
 		f.t.Fatalf("Exclusive handled %v, want %v (102 overtakes the waiting 101)", got, want)
