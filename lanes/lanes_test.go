@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/groupq"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -854,4 +855,125 @@ func TestSingleWorkerRuns(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestSingleLaneMatchesGroupq checks a single-worker lane, with its staging
+// FIFO and runs of items taken at once, against the plain model it
+// optimises: one groupq.Queue holding everything, one worker popping the
+// oldest deliverable item. Handler durations, retries and not-before times
+// are random (seeded) but fixed per item and attempt, so under synctest the
+// pool must start exactly the same items at exactly the same times.
+func TestSingleLaneMatchesGroupq(t *testing.T) {
+	for _, o := range []policy.Ordering{policy.Parallel, policy.Exclusive, policy.Ordered} {
+		for seed := uint64(1); seed <= 6; seed++ {
+			t.Run(fmt.Sprintf("%v/seed=%d", o, seed), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { matchModel(t, o, seed) })
+			})
+		}
+	}
+}
+
+type modelItem struct {
+	key      string // "" for keyless
+	nb       time.Duration
+	dur      [4]time.Duration // per attempt
+	back     [4]time.Duration // retry delay per attempt, -1 for Done
+	attempts int
+}
+
+func modelItems(seed uint64, n int) []modelItem {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	items := make([]modelItem, n)
+	for i := range items {
+		it := &items[i]
+		if k := rng.IntN(9); k < 8 {
+			it.key = fmt.Sprint("k", k)
+		}
+		if rng.IntN(10) == 0 {
+			it.nb = time.Duration(1+rng.IntN(8)) * time.Millisecond
+		}
+		for a := range it.dur {
+			it.dur[a] = time.Duration(rng.IntN(3)) * time.Millisecond
+			it.back[a] = -1
+			if a < 3 && rng.IntN(4) == 0 {
+				it.back[a] = time.Duration(rng.IntN(6)) * time.Millisecond
+			}
+		}
+	}
+	return items
+}
+
+func matchModel(t *testing.T, o policy.Ordering, seed uint64) {
+	const n = 300
+	items := modelItems(seed, n)
+	start := time.Now()
+
+	// The model.
+	var want []string
+	q := groupq.New[int](o)
+	for i, it := range items {
+		var at time.Time
+		if it.nb > 0 {
+			at = start.Add(it.nb)
+		}
+		q.Push(groupq.Item[int]{Key: it.key, Keyed: it.key != "", At: at, Value: i})
+	}
+	now := start
+	attempts := make([]int, n)
+	for q.Len() > 0 {
+		h, ok := q.Pop(now)
+		if !ok {
+			now, _ = q.NextWake()
+			continue
+		}
+		i := h.Item.Value
+		a := attempts[i]
+		attempts[i]++
+		want = append(want, fmt.Sprintf("%d@%v", i, now.Sub(start)))
+		now = now.Add(items[i].dur[a])
+		if b := items[i].back[a]; b >= 0 {
+			q.Retry(h, now.Add(b))
+		} else {
+			q.Done(h)
+		}
+	}
+
+	// The pool.
+	var mu sync.Mutex
+	var got []string
+	clear(attempts)
+	p := mustNew(t, &Config{Workers: 1, Ordering: o, Capacity: n}, // every item is there at t=0, as in the model
+		func(ctx context.Context, key string, keyed bool, i int) Result {
+			mu.Lock()
+			a := attempts[i]
+			attempts[i]++
+			got = append(got, fmt.Sprintf("%d@%v", i, time.Since(start)))
+			mu.Unlock()
+			time.Sleep(items[i].dur[a])
+			if b := items[i].back[a]; b >= 0 {
+				return RetryAt(time.Now().Add(b))
+			}
+			return Done()
+		})
+	for i, it := range items {
+		var nb time.Time
+		if it.nb > 0 {
+			nb = start.Add(it.nb)
+		}
+		if err := p.Submit(context.Background(), it.key, it.key != "", nb, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Hour)
+	closePool(t, p)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, want) {
+		for i := range min(len(got), len(want)) {
+			if got[i] != want[i] {
+				t.Fatalf("seed %d: start %d differs: pool %s, model %s\npool  %v\nmodel %v", seed, i, got[i], want[i], got[max(0, i-5):min(len(got), i+5)], want[max(0, i-5):min(len(want), i+5)])
+			}
+		}
+		t.Fatalf("seed %d: pool made %d starts, model %d", seed, len(got), len(want))
+	}
 }
