@@ -1,9 +1,6 @@
 package keyorder
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // HeaderPartitionKey is the header that carries a message's ordering key.
 // On publish it is the second source of the key (after Message.Key); on
@@ -41,11 +38,3 @@ type Delivery struct {
 	// Subscription names the subscription the message was delivered on.
 	Subscription string
 }
-
-// Handler handles one delivery. Its result decides what happens to the
-// message: nil acknowledges it; an error retries it with backoff; an error
-// wrapped by RetryAfter retries it not before the given delay; an error
-// wrapped by Permanent dead-letters it now. A panic is recovered and counts as
-// a failed attempt. The context is cancelled when the message's lease is lost
-// or the subscriber stops.
-type Handler func(ctx context.Context, d *Delivery) error

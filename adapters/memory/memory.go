@@ -1,0 +1,469 @@
+// Package memory is an in-process broker for keyorder: topics, subscriptions
+// with their own ordering policy, leases, retries, dead letters and redrive,
+// all in memory. It needs no server, which makes it the backend for examples,
+// unit tests and the conformance suite's fake-clock runs.
+//
+// A subscription plays one of two shapes, chosen at creation (Hold): Native,
+// where the broker itself holds an ordering group like a database claim
+// query or SQS visibility does; or InProcess, where it streams a key's
+// messages in order regardless of what is unsettled and redelivers a key's
+// later messages after a lost lease, like Pub/Sub with ordering keys. The
+// second shape makes the subscribe package hold groups in process, so both
+// paths of the library are exercised without a broker.
+//
+// # URLs
+//
+//	mem://ledger                                    a topic
+//	mem://ledger?subscription=apply-balance&ordering=ordered
+//
+// Subscription parameters: subscription (required), ordering (parallel,
+// exclusive, ordered; default ordered), hold (native or inprocess; default
+// native), lease (a Go duration; default 30s), maxbatch (default 10), chain
+// (messages of one key per receive, native only; default 1). The
+// subscription is created on first open; opening it again with a different
+// ordering or hold fails. Topic parameters: maxkey, maxpayload (bytes), payload (required or
+// optional; default optional).
+// Topics and subscriptions opened by URL live in one broker per process,
+// owned by the registered opener.
+//
+// # Ordering
+//
+// Native: the subscription is a groupq.Queue: the oldest deliverable message
+// goes first; under Exclusive and Ordered nothing of a group is handed out
+// while one of its messages is leased; Nack under Ordered holds the group
+// until the retry time. InProcess: messages of a key go, in order, to one
+// consumer at a time (the one holding unsettled messages of the key).
+//
+// # Delivery semantics
+//
+// At least once. A lease that expires counts an attempt and makes the
+// message deliverable again (InProcess: with every later delivered message
+// of its key, acknowledged or not, as Pub/Sub does).
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Scheme is the URL scheme the package registers.
+const Scheme = "mem"
+
+// Hold is where a subscription's ordering groups are held.
+type Hold int
+
+const (
+	// Native: the broker holds groups (see adapters.Capabilities.NativeHold).
+	Native Hold = iota
+	// InProcess: the broker streams each key in order and the subscriber
+	// holds groups in process.
+	InProcess
+)
+
+// Defaults for SubscriptionConfig.
+const (
+	LeaseDurationDefault = 30 * time.Second
+	MaxBatchDefault      = 10
+	MaxPayloadDefault    = 1 << 20
+	MaxKeyDefault        = 1024
+)
+
+// SubscriptionConfig configures a subscription at creation.
+type SubscriptionConfig struct {
+	// Ordering is the delivery policy. Defaults to policy.Parallel (zero).
+	Ordering policy.Ordering
+	// Hold selects the broker's shape. Defaults to Native.
+	Hold Hold
+	// LeaseDuration is how long a delivery stays leased without extension.
+	// Defaults to LeaseDurationDefault.
+	LeaseDuration time.Duration
+	// MaxBatch is the most messages one Receive returns. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+	// Chain is how many consecutive messages of one key a Native receive may
+	// return together. Defaults to 1.
+	Chain int
+}
+
+func (c *SubscriptionConfig) withDefaults() SubscriptionConfig {
+	var out SubscriptionConfig
+	if c != nil {
+		out = *c
+	}
+	if out.LeaseDuration <= 0 {
+		out.LeaseDuration = LeaseDurationDefault
+	}
+	if out.MaxBatch <= 0 {
+		out.MaxBatch = MaxBatchDefault
+	}
+	if out.Chain <= 0 {
+		out.Chain = 1
+	}
+	return out
+}
+
+// TopicConfig configures a topic.
+type TopicConfig struct {
+	// MaxKeyBytes limits keys. Defaults to MaxKeyDefault.
+	MaxKeyBytes int
+	// MaxPayloadBytes limits payloads. Defaults to MaxPayloadDefault.
+	MaxPayloadBytes int
+	// PayloadRequired rejects empty payloads.
+	PayloadRequired bool
+}
+
+// Broker is an in-memory broker. It is safe for concurrent use.
+type Broker struct {
+	mu     sync.Mutex
+	topics map[string]*topic
+	subs   map[string]*subscription
+}
+
+// NewBroker returns an empty broker.
+func NewBroker() *Broker {
+	return &Broker{topics: map[string]*topic{}, subs: map[string]*subscription{}}
+}
+
+type topic struct {
+	name   string
+	cfg    TopicConfig
+	subs   []*subscription
+	failFn func([]*adapters.Message) error
+}
+
+// CreateTopic creates a topic; creating an existing one is a no-op.
+func (b *Broker) CreateTopic(name string, cfg *TopicConfig) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.topicLocked(name, cfg)
+}
+
+func (b *Broker) topicLocked(name string, cfg *TopicConfig) *topic {
+	if t, ok := b.topics[name]; ok {
+		return t
+	}
+	c := TopicConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.MaxKeyBytes == 0 {
+		c.MaxKeyBytes = MaxKeyDefault
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = MaxPayloadDefault
+	}
+	t := &topic{name: name, cfg: c}
+	b.topics[name] = t
+	return t
+}
+
+// CreateSubscription creates a subscription on topic (creating the topic if
+// needed). Messages published before the subscription exists are not
+// delivered to it. Creating an existing subscription with the same
+// configuration is a no-op; with a different ordering or hold it fails.
+func (b *Broker) CreateSubscription(topicName, name string, cfg *SubscriptionConfig) error {
+	c := cfg.withDefaults()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s, ok := b.subs[name]; ok {
+		if s.topic != topicName || s.cfg.Ordering != c.Ordering || s.cfg.Hold != c.Hold {
+			return fmt.Errorf("memory: subscription %q exists on topic %q with ordering %v, hold %d: %w",
+				name, s.topic, s.cfg.Ordering, s.cfg.Hold, errConflict)
+		}
+		return nil
+	}
+	t := b.topicLocked(topicName, nil)
+	s := newSubscription(name, topicName, c)
+	b.subs[name] = s
+	t.subs = append(t.subs, s)
+	return nil
+}
+
+var (
+	errConflict   = errors.New("already exists with another configuration")
+	errNoLease    = errors.New("memory: lease not held (expired or settled)")
+	errClosed     = errors.New("memory: closed")
+	errNotFound   = errors.New("memory: not found")
+	errUnknownMsg = errors.New("memory: message not from this subscription")
+)
+
+// FailSends makes every SendBatch on topic call fn first; a non-nil result
+// fails the batch without delivering anything. Pass nil to stop. It is a
+// fault-injection hook for tests of publish failure handling.
+func (b *Broker) FailSends(topicName string, fn func(ms []*adapters.Message) error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.topicLocked(topicName, nil).failFn = fn
+}
+
+// OpenTopic returns a publishing driver for topic, creating it if needed.
+func (b *Broker) OpenTopic(name string) *Topic {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return &Topic{b: b, t: b.topicLocked(name, nil)}
+}
+
+// OpenSubscription returns a consuming driver for an existing subscription.
+// Each call returns a separate consumer, as separate processes would have.
+func (b *Broker) OpenSubscription(name string) (*Subscription, error) {
+	b.mu.Lock()
+	s, ok := b.subs[name]
+	b.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("memory: subscription %q: %w", name, errNotFound)
+	}
+	return &Subscription{s: s, consumer: s.newConsumer()}, nil
+}
+
+// Topic is the adapters.Topic driver of a memory topic.
+type Topic struct {
+	b *Broker
+	t *topic
+}
+
+var _ adapters.Topic = (*Topic)(nil)
+
+// SendBatch delivers copies of ms to every subscription of the topic.
+func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.b.mu.Lock()
+	fail, subs := t.t.failFn, t.t.subs
+	t.b.mu.Unlock()
+	if fail != nil {
+		if err := fail(ms); err != nil {
+			return err
+		}
+	}
+	now := time.Now()
+	for _, s := range subs {
+		s.enqueue(ms, now)
+	}
+	return nil
+}
+
+// Limits returns the topic's limits.
+func (t *Topic) Limits() adapters.Limits {
+	return adapters.Limits{
+		Backend:          "memory",
+		MaxKeyBytes:      t.t.cfg.MaxKeyBytes,
+		KeyUTF8:          true,
+		MaxPayloadBytes:  t.t.cfg.MaxPayloadBytes,
+		PayloadRequired:  t.t.cfg.PayloadRequired,
+		MaxBatchMessages: 1000,
+	}
+}
+
+// IsRetryable reports false: the memory broker has no transient failures
+// except those a test injects, which it marks with Transient.
+func (t *Topic) IsRetryable(err error) bool { return errors.Is(err, Transient) }
+
+// ErrorCode classifies memory errors.
+func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close does nothing.
+func (t *Topic) Close() error { return nil }
+
+// Transient can be wrapped by an injected failure to make it retryable.
+var Transient = errors.New("memory: transient failure")
+
+func errorCode(err error) keyorder.ErrorCode {
+	switch {
+	case errors.Is(err, errNotFound):
+		return keyorder.CodeNotFound
+	case errors.Is(err, errConflict):
+		return keyorder.CodeFailedPrecondition
+	case errors.Is(err, Transient):
+		return keyorder.CodeUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return keyorder.CodeCanceled
+	}
+	return keyorder.CodeUnknown
+}
+
+// Subscription is the adapters.Subscription driver of one consumer of a
+// memory subscription.
+type Subscription struct {
+	s        *subscription
+	consumer int
+	closed   bool
+}
+
+var (
+	_ adapters.Subscription    = (*Subscription)(nil)
+	_ adapters.DeadLetterStore = (*Subscription)(nil)
+)
+
+// Receive waits for deliverable messages.
+func (d *Subscription) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+	return d.s.receive(ctx, d.consumer, max)
+}
+
+// Ack settles messages.
+func (d *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+	return d.s.settle(ms, func(l *lease, now time.Time) { d.s.ack(l) })
+}
+
+// Nack returns a failed message, redeliverable after delay.
+func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	return d.s.settle([]*adapters.Message{m}, func(l *lease, now time.Time) { d.s.retry(l, now.Add(delay), true) })
+}
+
+// Release returns unhandled messages without counting an attempt.
+func (d *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+	return d.s.settle(ms, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
+}
+
+// ExtendLeases renews leases; expired ones are reported lost.
+func (d *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	return d.s.extend(ms), nil
+}
+
+// DeadLetter moves m to the subscription's dead letters.
+func (d *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+	return d.s.settle([]*adapters.Message{m}, func(l *lease, now time.Time) { d.s.deadLetter(l, reason, attempts, now) })
+}
+
+// Capabilities describes the subscription.
+func (d *Subscription) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{
+		Ordering:      d.s.cfg.Ordering,
+		NativeHold:    d.s.cfg.Hold == Native,
+		LeaseDuration: d.s.cfg.LeaseDuration,
+		MaxBatch:      d.s.cfg.MaxBatch,
+	}
+}
+
+// IsRetryable reports whether err is transient.
+func (d *Subscription) IsRetryable(err error) bool { return errors.Is(err, Transient) }
+
+// ErrorCode classifies memory errors.
+func (d *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close detaches the consumer; its leases expire as a crashed process's
+// would.
+func (d *Subscription) Close() error { return nil }
+
+// DeadLetters lists dead letters, oldest first.
+func (d *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+	return d.s.deadLetters(limit), nil
+}
+
+// Redrive re-enqueues dead letters after everything that arrived meanwhile.
+func (d *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+	return d.s.redrive(ids), nil
+}
+
+// URLOpener opens mem:// URLs on its Broker.
+type URLOpener struct {
+	Broker *Broker
+}
+
+var defaultOpener = &URLOpener{Broker: NewBroker()}
+
+func init() {
+	adapters.DefaultMux().RegisterTopic(Scheme, defaultOpener)
+	adapters.DefaultMux().RegisterSubscription(Scheme, defaultOpener)
+}
+
+// DefaultBroker returns the broker that mem:// URLs open.
+func DefaultBroker() *Broker { return defaultOpener.Broker }
+
+// OpenTopicURL opens mem://topic.
+func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic, error) {
+	name := u.Host + u.Path
+	if name == "" {
+		return nil, adapters.BadParam(u, "host", "missing topic name (mem://topic)")
+	}
+	var cfg TopicConfig
+	for p, vs := range u.Query() {
+		if p == "payload" {
+			if vs[0] != "required" && vs[0] != "optional" {
+				return nil, adapters.BadParam(u, p, "want required or optional")
+			}
+			cfg.PayloadRequired = vs[0] == "required"
+			continue
+		}
+		n, err := strconv.Atoi(vs[0])
+		switch {
+		case p != "maxkey" && p != "maxpayload":
+			return nil, adapters.BadParam(u, p, "unknown parameter")
+		case err != nil || n <= 0:
+			return nil, adapters.BadParam(u, p, "want a positive integer")
+		case p == "maxkey":
+			cfg.MaxKeyBytes = n
+		default:
+			cfg.MaxPayloadBytes = n
+		}
+	}
+	o.Broker.CreateTopic(name, &cfg)
+	return o.Broker.OpenTopic(name), nil
+}
+
+// OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
+// subscription if it does not exist.
+func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters.Subscription, error) {
+	topicName := u.Host + u.Path
+	if topicName == "" {
+		return nil, adapters.BadParam(u, "host", "missing topic name (mem://topic?subscription=name)")
+	}
+	cfg := SubscriptionConfig{Ordering: policy.Ordered}
+	var name string
+	for p, vs := range u.Query() {
+		v := vs[0]
+		var err error
+		switch p {
+		case "subscription":
+			name = v
+		case "ordering":
+			cfg.Ordering, err = policy.ParseOrdering(v)
+		case "hold":
+			switch v {
+			case "native":
+				cfg.Hold = Native
+			case "inprocess":
+				cfg.Hold = InProcess
+			default:
+				err = errors.New("want native or inprocess")
+			}
+		case "lease":
+			cfg.LeaseDuration, err = time.ParseDuration(v)
+			if err == nil && cfg.LeaseDuration <= 0 {
+				err = errors.New("want a positive duration")
+			}
+		case "maxbatch", "chain":
+			var n int
+			n, err = strconv.Atoi(v)
+			if err == nil && n <= 0 {
+				err = errors.New("want a positive integer")
+			}
+			if p == "maxbatch" {
+				cfg.MaxBatch = n
+			} else {
+				cfg.Chain = n
+			}
+		default:
+			err = errors.New("unknown parameter")
+		}
+		if err != nil {
+			return nil, adapters.BadParam(u, p, err.Error())
+		}
+	}
+	if name == "" {
+		return nil, adapters.BadParam(u, "subscription", "required")
+	}
+	if err := o.Broker.CreateSubscription(topicName, name, &cfg); err != nil {
+		return nil, err
+	}
+	return o.Broker.OpenSubscription(name)
+}

@@ -1,0 +1,137 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+)
+
+func send(t *testing.T, b *memory.Broker, specs ...[2]string) {
+	t.Helper()
+	var ms []*adapters.Message
+	for _, s := range specs {
+		ms = append(ms, &adapters.Message{ID: s[0], Key: s[1], Payload: []byte(s[0])})
+	}
+	if err := b.OpenTopic("t").SendBatch(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ids(ms []*adapters.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+// InProcess plays Pub/Sub: a key streams to one consumer, and a lost lease
+// brings the key's later messages back too, acknowledged or not.
+func TestInProcessRedeliversSuccessors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memory.NewBroker()
+		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 10 * time.Second})
+		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"b1", "B"})
+		ctx := context.Background()
+		c1, _ := b.OpenSubscription("s")
+		c2, _ := b.OpenSubscription("s")
+		got, _ := c1.Receive(ctx, 3)
+		if !slices.Equal(ids(got), []string{"a1", "a2", "a3"}) {
+			t.Fatalf("c1 got %v; a key's successors stream while earlier ones are unsettled", ids(got))
+		}
+		other, _ := c2.Receive(ctx, 10)
+		if !slices.Equal(ids(other), []string{"b1"}) {
+			t.Fatalf("c2 got %v; key A belongs to c1 while it holds messages of A", ids(other))
+		}
+		c2.Ack(ctx, other)
+		if err := c1.Ack(ctx, got[1:2]); err != nil { // a2 acked, a1 not
+			t.Fatal(err)
+		}
+		time.Sleep(11 * time.Second) // c1 dies: a1's lease expires
+		again, _ := c2.Receive(ctx, 10)
+		if !slices.Equal(ids(again), []string{"a1", "a2", "a3"}) || again[0].Attempt != 2 || again[1].Attempt != 2 {
+			t.Fatalf("after a1's lease expired c2 got %v (attempts %d, %d); want a1 a2 a3 again", ids(again), again[0].Attempt, again[1].Attempt)
+		}
+		if lost, _ := c1.ExtendLeases(ctx, got); len(lost) != 3 {
+			t.Fatalf("c1's leases lost = %d, want 3", len(lost))
+		}
+	})
+}
+
+func TestNativeNackHoldsGroupAndChains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memory.NewBroker()
+		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 3})
+		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"}, [2]string{"b1", "B"})
+		ctx := context.Background()
+		c, _ := b.OpenSubscription("s")
+		got, _ := c.Receive(ctx, 10)
+		if !slices.Equal(ids(got), []string{"a1", "a2", "a3", "b1"}) {
+			t.Fatalf("got %v, want a chain of 3 of A then b1", ids(got))
+		}
+		c.Nack(ctx, got[0], 5*time.Second)
+		c.Release(ctx, got[1:3])
+		c.Ack(ctx, got[3:])
+		start := time.Now()
+		next, _ := c.Receive(ctx, 1)
+		if time.Since(start) != 5*time.Second || ids(next)[0] != "a1" || next[0].Attempt != 2 {
+			t.Fatalf("after %v got %v attempt %d; want a1 (attempt 2) after the 5s hold", time.Since(start), ids(next), next[0].Attempt)
+		}
+		c.Ack(ctx, next)
+		rest, _ := c.Receive(ctx, 1)
+		if ids(rest)[0] != "a2" || rest[0].Attempt != 1 {
+			t.Fatalf("got %v attempt %d; released chain members keep their place and attempt count", ids(rest), rest[0].Attempt)
+		}
+	})
+}
+
+func TestURLParameters(t *testing.T) {
+	ctx := context.Background()
+	o := &memory.URLOpener{Broker: memory.NewBroker()}
+	mux := &adapters.URLMux{}
+	mux.RegisterTopic("mem", o)
+	mux.RegisterSubscription("mem", o)
+	for _, bad := range []string{
+		"mem://t?subscription=s&ordering=fifo",
+		"mem://t?subscription=s&hold=remote",
+		"mem://t?subscription=s&lease=-1s",
+		"mem://t?subscription=s&maxbatch=0",
+		"mem://t?ordering=ordered",
+		"mem://t?subscription=s&colour=blue",
+	} {
+		if _, err := mux.OpenSubscription(ctx, bad); !errors.Is(err, keyorder.ErrBadURL) {
+			t.Errorf("OpenSubscription(%q) = %v, want ErrBadURL", bad, err)
+		}
+	}
+	if _, err := mux.OpenSubscription(ctx, "mem://t?subscription=s&ordering=ordered&hold=inprocess&lease=5s&maxbatch=3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mux.OpenSubscription(ctx, "mem://t?subscription=s&ordering=exclusive"); err == nil {
+		t.Fatal("reopening a subscription with another ordering succeeded")
+	}
+	d, err := mux.OpenSubscription(ctx, "mem://t?subscription=s&ordering=ordered&hold=inprocess")
+	if err != nil || d.Capabilities().NativeHold || d.Capabilities().Ordering != policy.Ordered {
+		t.Fatalf("reopen = %v, %+v", err, d.Capabilities())
+	}
+	tp, err := mux.OpenTopic(ctx, "mem://p?payload=required&maxpayload=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := publish.New(tp, nil)
+	var le *keyorder.LimitError
+	if err := pub.Publish(ctx, &keyorder.Message{Key: "k"}); !errors.As(err, &le) || le.Limit != "empty payload" {
+		t.Fatalf("empty payload = %v", err)
+	}
+	if err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, 9)}); !errors.As(err, &le) || le.Max != 8 || le.Got != 9 {
+		t.Fatalf("payload over maxpayload = %v", err)
+	}
+}

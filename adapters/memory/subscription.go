@@ -1,0 +1,377 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/internal/groupq"
+)
+
+// entry is one message on one subscription.
+type entry struct {
+	msg      adapters.Message
+	attempts int
+	// InProcess bookkeeping.
+	seq   uint64
+	acked bool
+	lease *lease
+}
+
+type lease struct {
+	id       uint64
+	e        *entry
+	h        groupq.Handle[*entry] // Native
+	deadline time.Time
+}
+
+// ikey is one key's log in an InProcess subscription: its unacknowledged
+// messages (and acknowledged ones behind an unacknowledged one), oldest
+// first; log[:delivered] have been handed to owner.
+type ikey struct {
+	log       []*entry
+	delivered int
+	owner     int
+}
+
+type subscription struct {
+	name, topic string
+	cfg         SubscriptionConfig
+
+	mu        sync.Mutex
+	changed   chan struct{}
+	nextLease uint64
+	leases    map[uint64]*lease
+	consumers int
+	dead      []adapters.DeadLetter
+
+	q *groupq.Queue[*entry] // Native
+
+	seq     uint64 // InProcess
+	pending []*entry
+	keys    map[string]*ikey
+}
+
+func newSubscription(name, topic string, cfg SubscriptionConfig) *subscription {
+	s := &subscription{
+		name: name, topic: topic, cfg: cfg,
+		changed: make(chan struct{}),
+		leases:  map[uint64]*lease{},
+	}
+	if cfg.Hold == Native {
+		s.q = groupq.New[*entry](cfg.Ordering)
+	} else {
+		s.keys = map[string]*ikey{}
+	}
+	return s
+}
+
+func (s *subscription) newConsumer() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.consumers++
+	return s.consumers
+}
+
+// signal wakes waiting receivers; s.mu is held.
+func (s *subscription) signal() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range ms {
+		e := &entry{msg: adapters.Message{
+			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers,
+			NotBefore: m.NotBefore, PublishTime: now,
+		}}
+		s.add(e)
+	}
+	s.signal()
+}
+
+func (s *subscription) add(e *entry) {
+	if s.q != nil {
+		s.q.Push(groupq.Item[*entry]{Key: e.msg.Key, Keyed: e.msg.Key != "", At: e.msg.NotBefore, Value: e})
+		return
+	}
+	s.seq++
+	e.seq = s.seq
+	s.pending = append(s.pending, e)
+	if e.msg.Key != "" {
+		k := s.keys[e.msg.Key]
+		if k == nil {
+			k = &ikey{}
+			s.keys[e.msg.Key] = k
+		}
+		k.log = append(k.log, e)
+	}
+}
+
+func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapters.Message, error) {
+	if max <= 0 || max > s.cfg.MaxBatch {
+		max = s.cfg.MaxBatch
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		now := time.Now()
+		s.expire(now)
+		out := s.take(consumer, max, now)
+		wake, ok := s.nextWake()
+		ch := s.changed
+		s.mu.Unlock()
+		if len(out) > 0 {
+			return out, nil
+		}
+		var tc <-chan time.Time
+		if ok {
+			d := wake.Sub(now)
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			tc = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-ch:
+		case <-tc:
+		}
+	}
+}
+
+func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time) *adapters.Message {
+	e.attempts++
+	s.nextLease++
+	l := &lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration)}
+	s.leases[l.id] = l
+	e.lease = l
+	m := e.msg
+	m.AckID = l.id
+	m.Attempt = e.attempts
+	return &m
+}
+
+func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Message {
+	var out []*adapters.Message
+	if s.q != nil {
+		for len(out) < max {
+			h, ok := s.q.Pop(now)
+			if !ok {
+				break
+			}
+			out = append(out, s.newLease(h.Item.Value, h, now))
+			for c := 1; c < s.cfg.Chain && len(out) < max; c++ {
+				if h, ok = s.q.PopNext(h, now); !ok {
+					break
+				}
+				out = append(out, s.newLease(h.Item.Value, h, now))
+			}
+		}
+		return out
+	}
+	kept := s.pending[:0]
+	for _, e := range s.pending {
+		if len(out) >= max {
+			kept = append(kept, e)
+			continue
+		}
+		if e.msg.Key != "" {
+			k := s.keys[e.msg.Key]
+			if k.owner != 0 && k.owner != consumer {
+				kept = append(kept, e)
+				continue
+			}
+			k.owner = consumer
+			k.delivered++
+		}
+		out = append(out, s.newLease(e, groupq.Handle[*entry]{}, now))
+	}
+	clear(s.pending[len(kept):])
+	s.pending = kept
+	return out
+}
+
+func (s *subscription) nextWake() (time.Time, bool) {
+	var wake time.Time
+	ok := false
+	if s.q != nil {
+		wake, ok = s.q.NextWake()
+	}
+	for _, l := range s.leases {
+		if !ok || l.deadline.Before(wake) {
+			wake, ok = l.deadline, true
+		}
+	}
+	return wake, ok
+}
+
+// expire returns messages whose lease ran out; the claim already counted
+// the attempt.
+func (s *subscription) expire(now time.Time) {
+	for _, l := range s.leases {
+		if l.deadline.After(now) {
+			continue
+		}
+		if s.leases[l.id] != l {
+			continue // removed by an earlier redelivery in this loop
+		}
+		s.retry(l, time.Time{}, true)
+	}
+}
+
+func (s *subscription) settle(ms []*adapters.Message, fn func(l *lease, now time.Time)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var err error
+	for _, m := range ms {
+		id, _ := m.AckID.(uint64)
+		l, ok := s.leases[id]
+		if !ok {
+			if err == nil {
+				err = errNoLease
+			}
+			continue
+		}
+		fn(l, now)
+	}
+	s.signal()
+	return err
+}
+
+func (s *subscription) dropLease(l *lease) {
+	delete(s.leases, l.id)
+	if l.e.lease == l {
+		l.e.lease = nil
+	}
+}
+
+func (s *subscription) ack(l *lease) {
+	s.dropLease(l)
+	if s.q != nil {
+		s.q.Done(l.h)
+		return
+	}
+	e := l.e
+	e.acked = true
+	if e.msg.Key == "" {
+		return
+	}
+	k := s.keys[e.msg.Key]
+	n := 0
+	for n < k.delivered && k.log[n].acked {
+		n++
+	}
+	clear(k.log[:n])
+	k.log = k.log[n:]
+	k.delivered -= n
+	if k.delivered == 0 {
+		k.owner = 0
+	}
+	if len(k.log) == 0 {
+		delete(s.keys, e.msg.Key)
+	}
+}
+
+// retry returns a leased message: at its retry time (Native), or at once
+// with every later delivered message of its key (InProcess, as Pub/Sub
+// redelivers). counted says whether the claim counts as an attempt.
+func (s *subscription) retry(l *lease, at time.Time, counted bool) {
+	s.dropLease(l)
+	e := l.e
+	if !counted {
+		e.attempts--
+	}
+	if s.q != nil {
+		s.q.Retry(l.h, at)
+		return
+	}
+	back := []*entry{e}
+	if e.msg.Key != "" {
+		k := s.keys[e.msg.Key]
+		i := slices.Index(k.log, e)
+		for _, o := range k.log[i+1 : k.delivered] {
+			if o.lease != nil {
+				s.dropLease(o.lease)
+			}
+			o.acked = false
+			back = append(back, o)
+		}
+		k.delivered = i
+		if i == 0 {
+			k.owner = 0
+		}
+	}
+	s.pending = append(s.pending, back...)
+	slices.SortFunc(s.pending, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+	s.pending = slices.Compact(s.pending)
+}
+
+func (s *subscription) extend(ms []*adapters.Message) []*adapters.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.expire(now)
+	var lost []*adapters.Message
+	for _, m := range ms {
+		id, _ := m.AckID.(uint64)
+		if l, ok := s.leases[id]; ok {
+			l.deadline = now.Add(s.cfg.LeaseDuration)
+		} else {
+			lost = append(lost, m)
+		}
+	}
+	return lost
+}
+
+func (s *subscription) deadLetter(l *lease, reason string, attempts int, now time.Time) {
+	s.dead = append(s.dead, adapters.DeadLetter{Message: l.e.msg, Reason: reason, Attempts: attempts, DeadAt: now})
+	s.ack(l)
+}
+
+func (s *subscription) deadLetters(limit int) []adapters.DeadLetter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.dead)
+	if limit > 0 && limit < n {
+		n = limit
+	}
+	return slices.Clone(s.dead[:n])
+}
+
+func (s *subscription) redrive(ids []string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	s.dead = slices.DeleteFunc(s.dead, func(d adapters.DeadLetter) bool {
+		if !slices.Contains(ids, d.Message.ID) {
+			return false
+		}
+		m := d.Message
+		m.NotBefore = time.Time{}
+		s.add(&entry{msg: m})
+		n++
+		return true
+	})
+	if n > 0 {
+		s.signal()
+	}
+	return n
+}

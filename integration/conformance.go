@@ -1,0 +1,692 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// A case is one rule of the guarantee.
+type testCase struct {
+	name string
+	spec Spec
+	run  func(f *fixture)
+}
+
+// Cases lists the names of the suite's cases, for harnesses declaring
+// Unsupported entries.
+func Cases() []string {
+	var out []string
+	for _, c := range cases {
+		out = append(out, c.name)
+	}
+	return out
+}
+
+var cases = []testCase{
+	{"WorkedExample", Spec{Ordering: policy.Ordered}, workedExample},
+	{"LedgerOrderedRetry", Spec{Ordering: policy.Ordered}, ledgerRetry},
+	{"LedgerOrderedDeadLetter", Spec{Ordering: policy.Ordered}, ledgerDeadLetter},
+	{"RetryAfterHoldsOnlyItsGroup", Spec{Ordering: policy.Ordered}, retryAfterHoldsOnlyItsGroup},
+	{"PublishDelayHoldsGroup", Spec{Ordering: policy.Ordered}, publishDelayHoldsGroup},
+	{"DeadLetterThenGroupContinues", Spec{Ordering: policy.Ordered}, deadLetterThenContinue},
+	{"RedriveOrder", Spec{Ordering: policy.Ordered}, redriveOrder},
+	{"MissingKeyRejectVsUnordered", Spec{Ordering: policy.Ordered}, missingKey},
+	{"ExclusiveAllowsOvertaking", Spec{Ordering: policy.Exclusive}, exclusiveOvertakes},
+	{"ParallelRunsKeyConcurrently", Spec{Ordering: policy.Parallel}, parallelConcurrent},
+	{"LostConsumerRedeliversFirst", Spec{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second}, lostConsumer},
+	{"PanicCountsAsFailedAttempt", Spec{Ordering: policy.Ordered}, panicHoldsKey},
+	{"PublishFailurePausesKey", Spec{Ordering: policy.Ordered}, publishFailurePausesKey},
+	{"BadInput", Spec{Ordering: policy.Ordered}, badInput},
+	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
+	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
+	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
+}
+
+// Run runs the conformance suite against h. Every case runs or is reported
+// as skipped with the reason the harness declared.
+func Run(t *testing.T, h Harness) {
+	caps := h.Capabilities()
+	if caps.Unit == 0 {
+		caps.Unit = 250 * time.Millisecond
+		if caps.FakeClock {
+			caps.Unit = time.Second
+		}
+	}
+	for name := range caps.Unsupported {
+		if !slices.Contains(Cases(), name) {
+			t.Errorf("harness declares unknown case %q unsupported", name)
+		}
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if why, ok := caps.Unsupported[c.name]; ok {
+				t.Skipf("not supported by this backend: %s", why)
+			}
+			body := func(t *testing.T) { c.run(newFixture(t, h, caps, c.spec)) }
+			if caps.FakeClock {
+				synctest.Test(t, body)
+			} else {
+				body(t)
+			}
+		})
+	}
+}
+
+// workedExample is DESIGN.md's worked example: Ordered, keyless messages
+// unordered, two workers, each one message at a time.
+func workedExample(f *fixture) {
+	p := f.publisher(&publish.Config{MissingKey: policy.Unordered})
+	f.publish(p, "a1:A", "a2:A", "s1:", "b1:B", "s2:", "a3:A", "b2:B")
+	drv := f.consumer()
+	// A broker that holds groups natively hands a message over only when a
+	// worker is free (otherwise the process would have prefetched s2 before
+	// the broker released a2); one that streams needs the whole backlog in
+	// process to choose the oldest deliverable.
+	out := 2
+	if !drv.Capabilities().NativeHold {
+		out = 16
+	}
+	g := newGate()
+	f.subscribeOn(drv, &subscribe.Config{Workers: 2, Assign: lanes.Shared, MaxOutstanding: out}, g.handler)
+	fail := keyorder.RetryAfter(errors.New("balance service down"), 5*f.unit)
+
+	if f.caps.FakeClock {
+		step := func(tm int, want ...string) {
+			f.t.Helper()
+			synctest.Wait()
+			slices.Sort(want)
+			if got := f.rec.runningNow(); !slices.Equal(got, want) {
+				f.t.Fatalf("t=%d: running %v, want %v\n%s", tm, got, want, f.rec.dump())
+			}
+		}
+		step(0, "a1", "s1")
+		g.release(f.t, "s1", nil)
+		step(1, "a1", "b1")
+		time.Sleep(f.unit)
+		g.release(f.t, "a1", nil)
+		step(2, "a2", "b1")
+		time.Sleep(f.unit)
+		g.release(f.t, "b1", nil)
+		step(3, "a2", "s2")
+		time.Sleep(f.unit)
+		g.release(f.t, "a2", fail) // t=4
+		step(4, "b2", "s2")
+		time.Sleep(f.unit)
+		g.release(f.t, "s2", nil)
+		step(5, "b2")
+		time.Sleep(f.unit)
+		g.release(f.t, "b2", nil)
+		step(6)
+		time.Sleep(2 * f.unit)
+		step(8)
+		time.Sleep(f.unit)
+		step(9, "a2")
+		time.Sleep(f.unit)
+		g.release(f.t, "a2", nil)
+		step(10, "a3")
+		g.release(f.t, "a3", nil)
+		synctest.Wait()
+	} else {
+		for _, n := range []string{"s1", "a1", "b1"} {
+			g.release(f.t, n, nil)
+		}
+		g.release(f.t, "a2", fail)
+		failedAt := time.Now()
+		for _, n := range []string{"s2", "b2"} {
+			g.release(f.t, n, nil)
+		}
+		g.release(f.t, "a2", nil)
+		if waited := time.Since(failedAt); waited < 5*f.unit-f.unit/5 {
+			f.t.Errorf("a2 retried after %v, before its RetryAfter of %v", waited, 5*f.unit)
+		}
+		g.release(f.t, "a3", nil)
+	}
+	f.waitFor(20, "a3 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a3") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a2", "a2", "a3"}; !slices.Equal(got, want) {
+		f.t.Errorf("group A handled %v, want %v", got, want)
+	}
+	if got, want := f.rec.starts("B"), []string{"b1", "b2"}; !slices.Equal(got, want) {
+		f.t.Errorf("group B handled %v, want %v", got, want)
+	}
+}
+
+// failOnce returns a handler that fails the first delivery of the message
+// named name with err and acknowledges everything else.
+func failOnce(name string, err error) subscribe.HandlerFunc {
+	var once sync.Once
+	return func(ctx context.Context, d *keyorder.Delivery) error {
+		var res error
+		if nameOf(d) == name {
+			once.Do(func() { res = err })
+		}
+		return res
+	}
+}
+
+// ledger publishes 101..104 for acct-42.
+func ledger(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "101:acct-42", "102:acct-42", "103:acct-42", "104:acct-42")
+}
+
+func ledgerRetry(f *fixture) {
+	ledger(f)
+	f.subscribe(&subscribe.Config{Workers: 4}, failOnce("101", errors.New("balance service timed out")))
+	f.waitFor(40, "104 applied", func() bool { return slices.Contains(f.rec.succeeded("acct-42"), "104") })
+	if got, want := f.rec.starts("acct-42"), []string{"101", "101", "102", "103", "104"}; !slices.Equal(got, want) {
+		f.t.Fatalf("acct-42 handled %v, want %v (102-104 must wait for 101's retry)", got, want)
+	}
+}
+
+func ledgerDeadLetter(f *fixture) {
+	ledger(f)
+	r := f.subscribe(&subscribe.Config{Workers: 4}, func(ctx context.Context, d *keyorder.Delivery) error {
+		if nameOf(d) == "101" {
+			return keyorder.Permanent(errors.New("account closed"))
+		}
+		return nil
+	})
+	f.waitFor(40, "104 applied", func() bool { return slices.Contains(f.rec.succeeded("acct-42"), "104") })
+	if got, want := f.rec.starts("acct-42"), []string{"101", "102", "103", "104"}; !slices.Equal(got, want) {
+		f.t.Fatalf("acct-42 handled %v, want %v", got, want)
+	}
+	dl, err := r.sub.DeadLetters(f.ctx, 10)
+	if errors.Is(err, keyorder.ErrUnsupported) {
+		return
+	}
+	if err != nil || len(dl) != 1 || string(dl[0].Message.Payload) != "101" || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "account closed") {
+		f.t.Fatalf("dead letters = %+v, %v; want 101 with its reason and 1 attempt", dl, err)
+	}
+}
+
+func retryAfterHoldsOnlyItsGroup(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A")
+	f.subscribe(&subscribe.Config{Workers: 4}, failOnce("a1", keyorder.RetryAfter(errors.New("later"), 6*f.unit)))
+	f.waitFor(20, "a1 failed", func() bool { return len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0 })
+	failedAt := time.Now()
+	f.publish(p, "b1:B", "b2:B")
+	f.waitFor(20, "group B handled", func() bool { return len(f.rec.succeeded("B")) == 2 })
+	if time.Since(failedAt) >= 6*f.unit {
+		f.t.Fatalf("group B waited for A's retry delay")
+	}
+	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a1"}) {
+		f.t.Fatalf("group A ran %v during a1's RetryAfter", got)
+	}
+	f.waitFor(40, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a2"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v", got, want)
+	}
+	retry, _ := f.rec.firstEvent(func(e event) bool { return e.start && e.name == "a1" && e.attempt == 2 })
+	if retry.at.Sub(failedAt) < 6*f.unit-f.unit/5 {
+		f.t.Fatalf("a1 retried %v after failing, before its RetryAfter of %v", retry.at.Sub(failedAt), 6*f.unit)
+	}
+}
+
+func publishDelayHoldsGroup(f *fixture) {
+	p := f.publisher(nil)
+	start := time.Now()
+	delay := 5 * f.unit
+	if err := p.Publish(f.ctx, &keyorder.Message{Key: "A", Payload: []byte("a1"), NotBefore: start.Add(delay)}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.publish(p, "a2:A", "b1:B")
+	f.subscribe(&subscribe.Config{Workers: 4}, nil)
+	f.waitFor(20, "a2 handled", func() bool { return len(f.rec.succeeded("A")) == 2 })
+	if got := f.rec.starts("*"); !slices.Equal(got, []string{"b1", "a1", "a2"}) {
+		f.t.Fatalf("handled %v, want b1 first, then a1 at its not-before time, then a2", got)
+	}
+	a1, _ := f.rec.firstEvent(func(e event) bool { return e.start && e.name == "a1" })
+	if a1.at.Before(start.Add(delay)) {
+		f.t.Fatalf("a1 ran %v after publish, before its delay %v", a1.at.Sub(start), delay)
+	}
+}
+
+func deadLetterThenContinue(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A")
+	r := f.subscribe(&subscribe.Config{Workers: 2, Retry: policy.Retry{MaxAttempts: 3}}, func(ctx context.Context, d *keyorder.Delivery) error {
+		if nameOf(d) == "a1" {
+			return fmt.Errorf("attempt %d failed", d.Attempt)
+		}
+		return nil
+	})
+	f.waitFor(40, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a1", "a2"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v", got, want)
+	}
+	dl, err := r.sub.DeadLetters(f.ctx, 10)
+	if errors.Is(err, keyorder.ErrUnsupported) {
+		return
+	}
+	if err != nil || len(dl) != 1 || dl[0].Attempts != 3 || !strings.Contains(dl[0].Reason, "attempt 3 failed") {
+		f.t.Fatalf("dead letters = %+v, %v; want a1 with 3 attempts and the last error", dl, err)
+	}
+}
+
+func redriveOrder(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A")
+	var redriven sync.Once
+	r := f.subscribe(&subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+		if nameOf(d) == "a1" && d.Attempt == 1 && !slices.Contains(f.rec.succeeded("A"), "a3") {
+			var err error = keyorder.Permanent(errors.New("bad"))
+			return err
+		}
+		return nil
+	})
+	f.waitFor(20, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
+	f.publish(p, "a3:A")
+	f.waitFor(20, "a3 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a3") })
+	dl, err := r.sub.DeadLetters(f.ctx, 10)
+	if err != nil || len(dl) != 1 {
+		f.t.Fatalf("dead letters = %+v, %v", dl, err)
+	}
+	redriven.Do(func() {
+		n, err := r.sub.Redrive(f.ctx, []string{dl[0].Message.ID})
+		if err != nil || n != 1 {
+			f.t.Fatalf("Redrive = %d, %v", n, err)
+		}
+	})
+	f.publish(p, "a4:A")
+	f.waitFor(20, "a4 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a4") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a2", "a3", "a1", "a4"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v (redrive goes after what arrived meanwhile)", got, want)
+	}
+	if dl, _ := r.sub.DeadLetters(f.ctx, 10); len(dl) != 0 {
+		f.t.Fatalf("dead letters after redrive = %+v", dl)
+	}
+}
+
+func missingKey(f *fixture) {
+	reject := f.publisher(nil)
+	err := reject.Publish(f.ctx, &keyorder.Message{Payload: []byte("lost")})
+	if !errors.Is(err, keyorder.ErrMissingKey) {
+		f.t.Fatalf("keyless publish under Reject = %v, want ErrMissingKey", err)
+	}
+	unordered := f.publisher(&publish.Config{MissingKey: policy.Unordered})
+	f.publish(unordered, "s1:", "k1:K")
+	// The header is the second source of the key.
+	if err := unordered.Publish(f.ctx, &keyorder.Message{Payload: []byte("k2"), Headers: map[string]string{keyorder.HeaderPartitionKey: "K"}}); err != nil {
+		f.t.Fatal(err)
+	}
+	var mu sync.Mutex
+	keys := map[string]string{}
+	f.subscribe(nil, func(ctx context.Context, d *keyorder.Delivery) error {
+		mu.Lock()
+		keys[nameOf(d)] = d.Key + "|" + d.Headers[keyorder.HeaderPartitionKey]
+		mu.Unlock()
+		return nil
+	})
+	f.waitFor(20, "three messages", func() bool { return len(f.rec.succeeded("*")) >= 3 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]string{"s1": "|", "k1": "K|K", "k2": "K|K"}
+	if fmt.Sprint(keys) != fmt.Sprint(want) {
+		f.t.Fatalf("delivered keys %v, want %v (the rejected message must not arrive)", keys, want)
+	}
+}
+
+func exclusiveOvertakes(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "101:acct", "102:acct")
+	f.subscribe(&subscribe.Config{Workers: 2}, failOnce("101", keyorder.RetryAfter(errors.New("later"), 4*f.unit)))
+	f.waitFor(30, "101 retried", func() bool { return slices.Contains(f.rec.succeeded("acct"), "101") })
+	if got, want := f.rec.starts("acct"), []string{"101", "102", "101"}; !slices.Equal(got, want) {
+		f.t.Fatalf("Exclusive handled %v, want %v (102 overtakes the waiting 101)", got, want)
+	}
+	if m := f.rec.maxInFlight("acct"); m != 1 {
+		f.t.Fatalf("Exclusive had %d of one key in flight", m)
+	}
+}
+
+func parallelConcurrent(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "k1:K", "k2:K", "k3:K")
+	g := newGate()
+	f.subscribe(&subscribe.Config{Workers: 3, Assign: lanes.Shared}, g.handler)
+	f.waitFor(20, "three of key K in flight", func() bool { return len(f.rec.runningNow()) == 3 })
+	for _, n := range []string{"k1", "k2", "k3"} {
+		g.release(f.t, n, nil)
+	}
+	f.waitFor(20, "all handled", func() bool { return len(f.rec.succeeded("K")) == 3 })
+}
+
+func lostConsumer(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A")
+	// A consumer takes a1 and dies: it never settles nor extends the lease.
+	crashed := f.consumer()
+	ms, err := crashed.Receive(f.ctx, 1)
+	if err != nil || len(ms) != 1 || string(ms[0].Payload) != "a1" {
+		f.t.Fatalf("crashed consumer received %v, %v", ms, err)
+	}
+	lease := crashed.Capabilities().LeaseDuration
+	takenAt := time.Now()
+	f.subscribe(&subscribe.Config{Workers: 2}, nil)
+	f.waitFor(int(4*lease/f.unit)+40, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
+	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a1", "a2"}) {
+		f.t.Fatalf("after a lost consumer, group A handled %v, want a1 (redelivered) before a2", got)
+	}
+	e, _ := f.rec.firstEvent(func(e event) bool { return e.start && e.name == "a1" })
+	if e.attempt < 2 {
+		f.t.Errorf("redelivered a1 has attempt %d: the lost lease must count as an attempt", e.attempt)
+	}
+	if lease > 0 && e.at.Sub(takenAt) < lease-f.unit/5 {
+		f.t.Errorf("a1 redelivered %v after it was taken, before its lease of %v expired", e.at.Sub(takenAt), lease)
+	}
+	crashed.Close()
+}
+
+func panicHoldsKey(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A")
+	var once sync.Once
+	r := f.subscribe(&subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+		if nameOf(d) == "a1" {
+			once.Do(func() { panic("nil account") })
+		}
+		return nil
+	})
+	f.waitFor(30, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a2"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v (the panic is a failed attempt and holds the key)", got, want)
+	}
+	if n := r.sub.Stats().Panics.Load(); n != 1 {
+		f.t.Fatalf("panics counted = %d, want 1", n)
+	}
+}
+
+func publishFailurePausesKey(f *fixture) {
+	ft := &failingTopic{Topic: f.pair.Topic}
+	saved := f.pair.Topic
+	f.pair.Topic = ft
+	p := f.publisher(nil)
+	auto := f.publisher(&publish.Config{AutoResume: true})
+	f.pair.Topic = saved
+	boom := errors.New("broker unavailable")
+	ft.setFail(func(ms []*adapters.Message) error {
+		if ms[0].Key == "bad" {
+			return boom
+		}
+		return nil
+	})
+	if err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
+		f.t.Fatalf("failed publish = %v, want the broker error", err)
+	}
+	ft.setFail(nil)
+	err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x2")})
+	var kp *keyorder.KeyPausedError
+	if !errors.Is(err, keyorder.ErrKeyPaused) || !errors.As(err, &kp) || kp.Key != "bad" || !errors.Is(err, boom) {
+		f.t.Fatalf("publish of a paused key = %v, want ErrKeyPaused naming the key and the cause", err)
+	}
+	f.publish(p, "g1:good")
+	if got := p.Paused(); !slices.Equal(got, []string{"bad"}) {
+		f.t.Fatalf("Paused() = %v", got)
+	}
+	if !p.Resume("bad") || len(p.Paused()) != 0 {
+		f.t.Fatal("Resume did not resume the key")
+	}
+	f.publish(p, "x3:bad")
+	// Auto-resume: the failed publish returns its error, the next is sent.
+	ft.setFail(func(ms []*adapters.Message) error {
+		if ms[0].Key == "auto" {
+			return boom
+		}
+		return nil
+	})
+	if err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
+		f.t.Fatalf("auto-resume publish = %v", err)
+	}
+	ft.setFail(nil)
+	f.publish(auto, "y2:auto")
+	if len(auto.Paused()) != 0 {
+		f.t.Fatalf("auto-resume publisher paused %v", auto.Paused())
+	}
+	f.subscribe(nil, nil)
+	f.waitFor(20, "sent messages handled", func() bool { return len(f.rec.succeeded("*")) == 3 })
+	got := f.rec.succeeded("*")
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"g1", "x3", "y2"}) {
+		f.t.Fatalf("handled %v, want exactly the messages that were sent", got)
+	}
+}
+
+func badInput(f *fixture) {
+	p := f.publisher(nil)
+	lim := p.Limits()
+	check := func(what string, m *keyorder.Message, want error) {
+		f.t.Helper()
+		if err := p.Publish(f.ctx, m); !errors.Is(err, want) {
+			f.t.Errorf("%s: Publish = %v, want %v", what, err, want)
+		}
+	}
+	if lim.MaxKeyBytes > 0 {
+		var le *keyorder.LimitError
+		err := p.Publish(f.ctx, &keyorder.Message{Key: strings.Repeat("k", lim.MaxKeyBytes+1), Payload: []byte("x")})
+		if !errors.As(err, &le) || le.Limit != "key length" || le.Max != lim.MaxKeyBytes || !errors.Is(err, keyorder.ErrInvalidMessage) {
+			f.t.Errorf("key over %d bytes: %v", lim.MaxKeyBytes, err)
+		}
+	}
+	if lim.KeyUTF8 {
+		check("invalid UTF-8 key", &keyorder.Message{Key: "\xff\xfe", Payload: []byte("x")}, keyorder.ErrInvalidMessage)
+	}
+	if lim.MaxPayloadBytes > 0 {
+		check("payload over the limit", &keyorder.Message{Key: "k", Payload: make([]byte, lim.MaxPayloadBytes+1)}, keyorder.ErrInvalidMessage)
+	}
+	if lim.PayloadRequired {
+		check("empty payload", &keyorder.Message{Key: "k"}, keyorder.ErrInvalidMessage)
+	}
+	check("nil message", nil, keyorder.ErrInvalidMessage)
+	// A batch with one bad message sends nothing.
+	err := p.PublishBatch(f.ctx, []*keyorder.Message{{Key: "k", Payload: []byte("ok1")}, {Payload: []byte("no key")}})
+	if !errors.Is(err, keyorder.ErrMissingKey) || !strings.Contains(err.Error(), "message 1") {
+		f.t.Errorf("batch with a keyless message = %v", err)
+	}
+	f.publish(p, "ok2:k")
+	f.subscribe(nil, nil)
+	f.waitFor(20, "ok2 handled", func() bool { return len(f.rec.succeeded("*")) >= 1 })
+	if got := f.rec.succeeded("*"); !slices.Equal(got, []string{"ok2"}) {
+		f.t.Errorf("handled %v: a rejected message (or half a batch) was sent", got)
+	}
+	if err := p.Close(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	check("publish after Close", &keyorder.Message{Key: "k", Payload: []byte("x")}, keyorder.ErrClosed)
+	drv := f.consumer()
+	if _, err := subscribe.New(drv, &subscribe.Config{Retry: policy.Retry{MaxAttempts: -1}}); !errors.Is(err, keyorder.ErrInvalidConfig) {
+		f.t.Errorf("MaxAttempts -1: %v, want ErrInvalidConfig", err)
+	}
+	drv.Close()
+}
+
+// property publishes many messages over many keys with random failures and
+// checks the guarantee from the handlers' records.
+func property(f *fixture, ordering policy.Ordering) {
+	seed := rand.Uint64()
+	if s := os.Getenv("KEYORDER_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	f.t.Logf("seed %d (rerun with KEYORDER_SEED=%d)", seed, seed)
+	defer func() {
+		if f.t.Failed() {
+			f.t.Logf("FAILED with seed %d", seed)
+		}
+	}()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	const nKeys, nMsgs = 40, 400
+	p := f.publisher(nil)
+	var order = map[string][]string{}
+	failPlan := map[string]int{} // name -> failures before success; 99 = permanent
+	var batch []*keyorder.Message
+	for i := range nMsgs {
+		key := fmt.Sprintf("k%02d", rng.IntN(nKeys))
+		name := fmt.Sprintf("m%03d", i)
+		order[key] = append(order[key], name)
+		switch r := rng.IntN(20); {
+		case r == 0:
+			failPlan[name] = 99
+		case r < 4:
+			failPlan[name] = 1 + rng.IntN(2)
+		}
+		batch = append(batch, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)})
+	}
+	var mu sync.Mutex
+	fails := map[string]int{}
+	workers := 2 + rng.IntN(6)
+	r := f.subscribe(&subscribe.Config{Workers: workers, Retry: policy.Retry{MaxAttempts: 4, MinBackoff: f.unit / 10, MaxBackoff: f.unit / 2}},
+		func(ctx context.Context, d *keyorder.Delivery) error {
+			name := nameOf(d)
+			mu.Lock()
+			plan, n := failPlan[name], fails[name]
+			if n < plan {
+				fails[name]++
+			}
+			mu.Unlock()
+			if plan == 99 {
+				return keyorder.Permanent(errors.New("poison"))
+			}
+			if n < plan {
+				if rng2 := len(name) % 2; rng2 == 0 {
+					return keyorder.RetryAfter(errors.New("transient"), f.unit/5)
+				}
+				return errors.New("transient")
+			}
+			return nil
+		})
+	for i := 0; i < len(batch); i += 50 {
+		if err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	dead := 0
+	for _, v := range failPlan {
+		if v == 99 {
+			dead++
+		}
+	}
+	f.waitFor(400, "every message acked or dead-lettered", func() bool {
+		return int(r.sub.Stats().Acked.Load()+r.sub.Stats().DeadLettered.Load()) >= nMsgs
+	})
+	r.stop(f.t)
+	if got := int(r.sub.Stats().DeadLettered.Load()); got != dead {
+		f.t.Errorf("dead-lettered %d, want %d", got, dead)
+	}
+	okCount := map[string]int{}
+	for _, n := range f.rec.succeeded("*") {
+		okCount[n]++
+	}
+	for key, names := range order {
+		if m := f.rec.maxInFlight(key); m > 1 {
+			f.t.Errorf("key %s: %d in flight at once", key, m)
+		}
+		for _, n := range names {
+			if (failPlan[n] == 99) == (okCount[n] > 0) {
+				f.t.Errorf("%s: succeeded %d times, planned permanent failure %v", n, okCount[n], failPlan[n] == 99)
+			}
+		}
+		if ordering != policy.Ordered {
+			continue
+		}
+		var first []string
+		for _, n := range f.rec.starts(key) {
+			if !slices.Contains(first, n) {
+				first = append(first, n)
+			}
+		}
+		if !slices.Equal(first, names) {
+			f.t.Errorf("key %s: first handled in order %v, published %v", key, first, names)
+		}
+		// Ordered: a message's successors start only after it succeeded
+		// or was dead-lettered.
+		starts := f.rec.starts(key)
+		for i, n := range names[:len(names)-1] {
+			last := slices.Index(starts, names[i+1])
+			if li := lastIndex(starts, n); li > last {
+				f.t.Errorf("key %s: %s ran again after %s started", key, n, names[i+1])
+			}
+		}
+	}
+}
+
+func lastIndex(s []string, v string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == v {
+			return i
+		}
+	}
+	return -1
+}
+
+func propertyOrdered(f *fixture)   { property(f, policy.Ordered) }
+func propertyExclusive(f *fixture) { property(f, policy.Exclusive) }
+
+func shutdownMidStream(f *fixture) {
+	p := f.publisher(nil)
+	const n = 120
+	var msgs []*keyorder.Message
+	order := map[string][]string{}
+	for i := range n {
+		key := fmt.Sprintf("k%d", i%6)
+		name := fmt.Sprintf("m%03d", i)
+		order[key] = append(order[key], name)
+		msgs = append(msgs, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)})
+	}
+	if err := p.PublishBatch(f.ctx, msgs); err != nil {
+		f.t.Fatal(err)
+	}
+	slow := func(ctx context.Context, d *keyorder.Delivery) error {
+		select {
+		case <-time.After(f.unit / 10):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	first := f.subscribe(&subscribe.Config{Workers: 4}, slow)
+	f.waitFor(100, "some handled", func() bool { return len(f.rec.succeeded("*")) >= n/4 })
+	first.stop(f.t)
+	if len(f.rec.runningNow()) != 0 {
+		f.t.Fatalf("handlers still running after shutdown: %v", f.rec.runningNow())
+	}
+	mid := len(f.rec.succeeded("*"))
+	if mid >= n {
+		f.t.Fatalf("all %d handled before shutdown; the case needs a slower handler", n)
+	}
+	f.subscribe(&subscribe.Config{Workers: 4}, nil)
+	f.waitFor(200, "all handled", func() bool {
+		seen := map[string]bool{}
+		for _, s := range f.rec.succeeded("*") {
+			seen[s] = true
+		}
+		return len(seen) == n
+	})
+	for key, names := range order {
+		var firstDone []string
+		for _, s := range f.rec.succeeded(key) {
+			if !slices.Contains(firstDone, s) {
+				firstDone = append(firstDone, s)
+			}
+		}
+		if !slices.Equal(firstDone, names) {
+			f.t.Errorf("key %s completed in order %v, published %v", key, firstDone, names)
+		}
+	}
+}

@@ -1,0 +1,671 @@
+// Package lanes runs items on worker goroutines in keyed lanes, so that the
+// order of a key survives the trip through a pool of workers. The consuming
+// side of keyorder dispatches received messages through it, and it is just as
+// useful without a broker.
+//
+// # Why lanes
+//
+// A broker that hands out a key's messages in order has done only half the
+// job: a plain worker pool can still run message 2 of a key before message 1
+// has finished. With ByKey assignment a key is hashed onto one lane, and one
+// lane has one worker, so one key always runs on one goroutine, in the order
+// it was submitted. Different keys spread over the lanes and run
+// concurrently. With Shared assignment every worker serves a single lane and
+// the Ordering (see package policy) alone decides what may run together.
+//
+// # Ordering
+//
+// Each lane is a queue that hands out the oldest deliverable item under the
+// pool's policy.Ordering:
+//
+//   - Parallel (the zero value) puts no constraint on a key. Under ByKey the
+//     single worker of a lane still runs a key's items one at a time, in
+//     order, except that a retried item waits aside.
+//   - Exclusive allows at most one item of a key in flight; an item waiting
+//     for its retry lets later items of its key run first.
+//   - Ordered allows at most one item of a key in flight, and a retried or
+//     not-yet-due item holds everything of its key behind it.
+//
+// A key that is waiting (a retry delay or a not-before time) parks only
+// itself: its lane goes on serving other keys meanwhile. Items without a key
+// belong to no group and run whenever a worker is free.
+//
+// # Bounded memory
+//
+// A lane holds at most Config.Capacity waiting items; Submit blocks while its
+// lane is full, so a fast producer is slowed to the pace of the handlers
+// instead of filling memory. Items handed back with RetryAt return to their
+// lane without waiting for space, so a lane can briefly hold up to Capacity
+// plus its in-flight items. Steady-state operation does not allocate: there is
+// one context per pool, no goroutine and no closure per item.
+//
+// # Shutdown
+//
+// Close stops admission, lets running handlers finish (cancelling their
+// context if Close's own context ends first) and returns every item that is
+// still waiting, so the caller can hand it back to wherever it came from.
+package lanes
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/groupq"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Assignment decides which lane an item goes to.
+type Assignment int
+
+const (
+	// ByKey hashes the key onto Config.Workers lanes with one worker each:
+	// one key always runs on one lane, in submission order. Keyless items
+	// are spread over the lanes round-robin.
+	ByKey Assignment = iota
+	// Shared uses one lane served by Config.Workers workers: any free worker
+	// takes the oldest deliverable item.
+	Shared
+)
+
+// String returns "bykey" or "shared".
+func (a Assignment) String() string {
+	switch a {
+	case ByKey:
+		return "bykey"
+	case Shared:
+		return "shared"
+	}
+	return fmt.Sprintf("Assignment(%d)", int(a))
+}
+
+// Result is what a handler returns for an item: Done or RetryAt. The zero
+// Result is Done.
+type Result struct {
+	retry bool
+	at    time.Time
+}
+
+// Done reports that the item is finished; its key moves on.
+func Done() Result { return Result{} }
+
+// RetryAt keeps the item and delivers it again not before t (a zero or past t
+// means as soon as possible). Under Ordered the item goes back to the head of
+// its key, which is held until then; under Exclusive and Parallel it waits
+// aside and later items of its key may run first. Other keys are never held.
+func RetryAt(t time.Time) Result { return Result{retry: true, at: t} }
+
+// Handler runs one item. key is "" and keyed false for keyless items. ctx is
+// the pool's context: it is cancelled when Close's deadline passes.
+//
+// A Handler must not panic: the pool does not recover, so a panic ends the
+// process as in any goroutine. Callers that run untrusted code recover inside
+// the handler (the subscribe package does).
+type Handler[T any] func(ctx context.Context, key string, keyed bool, v T) Result
+
+// CapacityDefault is the default Config.Capacity.
+const CapacityDefault = 1024
+
+// Config configures a Pool. The zero value, like a nil *Config, gives the
+// defaults.
+type Config struct {
+	// Workers is the number of lanes (ByKey) or of workers on the single
+	// lane (Shared). Defaults to runtime.GOMAXPROCS(0); must not be
+	// negative.
+	Workers int
+	// Assign decides which lane an item goes to. Defaults to ByKey.
+	Assign Assignment
+	// Ordering is the delivery policy for items that share a key. Defaults
+	// to policy.Parallel (the zero value); Exclusive and Ordered enforce the
+	// key rules.
+	Ordering policy.Ordering
+	// Capacity is the maximum number of waiting items per lane, not counting
+	// those in flight; Submit blocks while the lane is full. Defaults to
+	// CapacityDefault; must not be negative.
+	Capacity int
+}
+
+// WithDefaults returns a copy of c (which may be nil) with zero fields set
+// to their defaults.
+func (c *Config) WithDefaults() *Config {
+	if c == nil {
+		c = &Config{}
+	}
+	return &Config{
+		Workers:  cmp.Or(c.Workers, runtime.GOMAXPROCS(0)),
+		Assign:   c.Assign,
+		Ordering: c.Ordering,
+		Capacity: cmp.Or(c.Capacity, CapacityDefault),
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Workers < 0:
+		return fmt.Errorf("lanes: Config.Workers must not be negative, got %d: %w", c.Workers, keyorder.ErrInvalidConfig)
+	case c.Assign != ByKey && c.Assign != Shared:
+		return fmt.Errorf("lanes: Config.Assign: unknown assignment %d: %w", int(c.Assign), keyorder.ErrInvalidConfig)
+	case c.Ordering < policy.Parallel || c.Ordering > policy.Ordered:
+		return fmt.Errorf("lanes: Config.Ordering: unknown ordering %d: %w", int(c.Ordering), keyorder.ErrInvalidConfig)
+	case c.Capacity < 0:
+		return fmt.Errorf("lanes: Config.Capacity must not be negative, got %d: %w", c.Capacity, keyorder.ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Stats is a snapshot of a Pool's load.
+type Stats struct {
+	// Queued is the number of items waiting: not yet started, parked behind
+	// their key, delayed, or handed back by RetryAt.
+	Queued int
+	// InFlight is the number of items whose handler is running.
+	InFlight int
+}
+
+// Pool runs items on keyed worker lanes. Create it with New; its methods are
+// safe for concurrent use.
+type Pool[T any] struct {
+	handler  Handler[T]
+	lanes    []*lane[T]
+	capacity int
+	seed     maphash.Seed
+	rr       atomic.Uint64 // round-robin cursor for keyless items (ByKey)
+
+	ctx     context.Context // handed to every handler
+	cancel  context.CancelFunc
+	closing chan struct{} // closed when Close starts: wakes blocked Submits
+	stopped chan struct{} // closed when the last worker has returned
+	live    atomic.Int64  // workers still running
+	// stopping is set when Close starts; workers read it between the items
+	// of a batch without taking the lane's lock.
+	stopping atomic.Bool
+
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// lane is one queue with its workers. Everything but space is guarded by mu.
+//
+// Waiting items are split in two, oldest first: q, the groupq.Queue that
+// decides what is deliverable, and staged, a plain FIFO of newer items not
+// yet handed to q (Submit only appends to staged). Workers move staged items
+// into q only when q has nothing deliverable. Whether an item is deliverable
+// depends only on older items of its group and on what is in flight, so the
+// result is exactly that of one queue holding everything, while q stays small
+// (a full lane would otherwise make each Pop walk heaps of Capacity entries).
+//
+// A lane with a single worker goes one step further (see workSingle): when
+// q holds nothing and nothing is in flight, the oldest staged item is
+// deliverable under every ordering, and so is the next one once it is done,
+// so the worker takes a run of them at once without passing them through q.
+type lane[T any] struct {
+	mu     sync.Mutex
+	ready  sync.Cond // workers wait here for a deliverable item
+	q      *groupq.Queue[T]
+	staged fifo[T]
+	single bool // one worker (ByKey, or Shared with one worker)
+	direct int  // single: items of the worker's batch running (0 or 1)
+	// held counts the items of the worker's batch not yet started (single
+	// lanes). The worker lowers it as it starts each one, without the lock.
+	held   atomic.Int64
+	idle   int  // workers waiting on ready
+	closed bool // no more Submits; workers stop taking items
+	// waiters counts the Submits waiting for space. A waiter adds itself
+	// before it checks for space and the worker lowers held before it
+	// reads waiters, so one of the two sees the other.
+	waiters atomic.Int64
+	// space receives a token when a slot may have freed. With one slot of
+	// buffer no token is lost; a stale token costs a waiter one recheck.
+	space   chan struct{}
+	timer   *time.Timer // wakes the workers at timerAt; created on first use
+	timerAt time.Time   // zero when the timer is not armed
+	_       [64]byte    // keep lanes off each other's cache lines
+}
+
+// New returns a running Pool that calls h for each submitted item. A nil cfg
+// gives the defaults. An invalid configuration returns an error matching
+// keyorder.ErrInvalidConfig that names the field.
+func New[T any](cfg *Config, h Handler[T]) (*Pool[T], error) {
+	if h == nil {
+		return nil, fmt.Errorf("lanes: nil Handler: %w", keyorder.ErrInvalidConfig)
+	}
+	if cfg != nil {
+		if err := cfg.validate(); err != nil {
+			return nil, err
+		}
+	}
+	c := cfg.WithDefaults()
+	nlanes, perLane := c.Workers, 1
+	if c.Assign == Shared {
+		nlanes, perLane = 1, c.Workers
+	}
+	p := &Pool[T]{
+		handler:  h,
+		lanes:    make([]*lane[T], nlanes),
+		capacity: c.Capacity,
+		seed:     maphash.MakeSeed(),
+		closing:  make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	for i := range p.lanes {
+		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, space: make(chan struct{}, 1)}
+		l.ready.L = &l.mu
+		p.lanes[i] = l
+	}
+	p.live.Store(int64(nlanes * perLane))
+	for _, l := range p.lanes {
+		for range perLane {
+			go p.work(l)
+		}
+	}
+	return p, nil
+}
+
+// laneFor picks the lane of an item.
+func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
+	n := uint64(len(p.lanes))
+	if n == 1 {
+		return p.lanes[0]
+	}
+	var i uint64
+	if keyed {
+		i = maphash.String(p.seed, key) % n
+	} else {
+		i = p.rr.Add(1) % n
+	}
+	return p.lanes[i]
+}
+
+// Submit queues v on its lane. keyed reports whether v belongs to the group
+// key (key is ignored otherwise). v is not delivered before notBefore (zero
+// means now); under Ordered a not-yet-due item holds its key until then, and
+// under Exclusive and Parallel later items of its key may run first.
+//
+// Submit blocks while the lane already holds Config.Capacity waiting items;
+// if ctx ends first it returns ctx.Err(). Once Close has started it returns
+// keyorder.ErrClosed.
+func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore time.Time, v T) error {
+	if !keyed {
+		key = ""
+	}
+	if !notBefore.IsZero() && !notBefore.After(time.Now()) {
+		notBefore = time.Time{}
+	}
+	l := p.laneFor(key, keyed)
+	l.mu.Lock()
+	if l.waiting() >= p.capacity {
+		if err := p.waitSpace(ctx, l); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return keyorder.ErrClosed
+	}
+	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v})
+	if l.idle > 0 {
+		// The woken worker takes the item, or files it in q (which then
+		// knows when a delayed item is due) before it waits again.
+		l.ready.Signal()
+	}
+	if l.waiters.Load() > 0 && l.waiting() < p.capacity {
+		l.notifySpace() // pass the baton to the next waiting Submit
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// waitSpace waits, with l.mu held, until l has room or is closed. It returns
+// ctx.Err() if ctx ends first.
+func (p *Pool[T]) waitSpace(ctx context.Context, l *lane[T]) error {
+	l.waiters.Add(1)
+	defer l.waiters.Add(-1)
+	for l.waiting() >= p.capacity && !l.closed {
+		l.mu.Unlock()
+		var err error
+		select {
+		case <-l.space:
+		case <-p.closing:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		l.mu.Lock()
+		if err != nil {
+			if l.waiters.Load() > 1 && l.waiting() < p.capacity {
+				l.notifySpace() // the token may have been meant for us
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// waiting returns the number of waiting items of l.
+func (l *lane[T]) waiting() int { return l.q.Len() + l.staged.len() + int(l.held.Load()) }
+
+// take hands out the oldest deliverable item, moving staged items into q as
+// long as q has none deliverable. timed reports whether due delayed items
+// may have been released, which another worker might take. If take fails,
+// staged is empty.
+func (l *lane[T]) take() (h groupq.Handle[T], ok, timed bool) {
+	// groupq needs the time only for parked or delayed items.
+	var now time.Time
+	if _, ok := l.q.NextWake(); ok {
+		now = time.Now()
+	}
+	for {
+		if l.q.Len() > 0 {
+			if h, ok := l.q.Pop(now); ok {
+				return h, true, !now.IsZero()
+			}
+		}
+		if l.staged.len() == 0 {
+			return h, false, false
+		}
+		it := l.staged.pop()
+		if !it.At.IsZero() && now.IsZero() {
+			now = time.Now()
+		}
+		l.q.Push(it)
+	}
+}
+
+// retryTime returns when a retried item is due; zero means now.
+func (r Result) retryTime() time.Time {
+	if !r.at.IsZero() && !r.at.After(time.Now()) {
+		return time.Time{}
+	}
+	return r.at
+}
+
+// settle records the handler's result for h, with l.mu held.
+func (l *lane[T]) settle(h groupq.Handle[T], r Result) {
+	if r.retry {
+		l.q.Retry(h, r.retryTime())
+	} else {
+		l.q.Done(h)
+	}
+}
+
+func (l *lane[T]) notifySpace() {
+	select {
+	case l.space <- struct{}{}:
+	default:
+	}
+}
+
+// arm makes sure, with l.mu held, that the timer fires no later than the
+// earliest time a waiting item becomes due. The timer is only ever moved
+// earlier, so a pending wake-up is never lost.
+func (l *lane[T]) arm() {
+	wake, ok := l.q.NextWake()
+	if !ok || l.closed || (!l.timerAt.IsZero() && !wake.Before(l.timerAt)) {
+		return
+	}
+	l.timerAt = wake
+	d := time.Until(wake)
+	if l.timer == nil {
+		l.timer = time.AfterFunc(d, l.fire)
+		return
+	}
+	l.timer.Reset(d)
+}
+
+// fire wakes every idle worker of the lane: some item became due.
+func (l *lane[T]) fire() {
+	l.mu.Lock()
+	l.timerAt = time.Time{}
+	l.ready.Broadcast()
+	l.mu.Unlock()
+}
+
+// work is the loop of one worker of l.
+func (p *Pool[T]) work(l *lane[T]) {
+	defer func() {
+		if p.live.Add(-1) == 0 {
+			close(p.stopped)
+		}
+	}()
+	if l.single {
+		p.workSingle(l)
+		return
+	}
+	l.mu.Lock()
+	for {
+		h, ok := l.next()
+		if !ok {
+			break
+		}
+		l.mu.Unlock()
+		r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+		l.mu.Lock()
+		l.settle(h, r)
+		// Done or Retry can make at most one item deliverable, and this
+		// worker takes the oldest next; idle workers only need the timer
+		// for items that are now parked or delayed.
+		if l.idle > 0 {
+			l.arm()
+		}
+	}
+	l.mu.Unlock()
+}
+
+// next takes the oldest deliverable item of l, waiting for one with l.mu
+// held. It returns false once the lane is closed.
+func (l *lane[T]) next() (groupq.Handle[T], bool) {
+	for !l.closed {
+		if h, ok, timed := l.take(); ok {
+			if l.waiters.Load() > 0 {
+				l.notifySpace()
+			}
+			if l.idle > 0 {
+				// take may have filed delayed items in q, or released
+				// several due ones at once.
+				l.arm()
+				if timed && l.waiting() > 0 {
+					l.ready.Signal()
+				}
+			}
+			return h, true
+		}
+		l.arm()
+		l.idle++
+		l.ready.Wait()
+		l.idle--
+	}
+	return groupq.Handle[T]{}, false
+}
+
+// batchMax bounds the run of items a single-worker lane takes at once.
+const batchMax = 32
+
+// workSingle is the loop of the only worker of l. When q is empty, no item
+// of l is in flight, so the oldest staged item is deliverable under every
+// ordering, and after it is done the next one is too. The worker then takes
+// a run of such items (stopping before a delayed one) with one lock, and
+// runs them in order. If one is retried, or Close starts, it stops there:
+// the retried item goes into q, where nothing else can have arrived
+// meanwhile, so it gets exactly the place groupq's Retry would give it
+// (before every staged item), and the items not started go back to the
+// front of staged. The result is the same as taking the items one by one.
+func (p *Pool[T]) workSingle(l *lane[T]) {
+	batch := make([]groupq.Item[T], 0, batchMax)
+	l.mu.Lock()
+	for !l.closed {
+		if l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
+			h, ok := l.next()
+			if !ok {
+				break
+			}
+			l.mu.Unlock()
+			r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+			l.mu.Lock()
+			l.settle(h, r)
+			continue
+		}
+		for len(batch) < batchMax && l.staged.len() > 0 && l.staged.front().At.IsZero() {
+			batch = append(batch, l.staged.pop())
+		}
+		// Until they start, the items of the batch count as waiting, so a
+		// lane never holds more than Capacity items not started.
+		l.direct = 1
+		l.held.Store(int64(len(batch) - 1))
+		if l.waiters.Load() > 0 {
+			l.notifySpace()
+		}
+		l.mu.Unlock()
+		var r Result
+		n := 0
+		for n < len(batch) {
+			if n > 0 {
+				l.held.Add(-1)
+				if l.waiters.Load() > 0 {
+					l.notifySpace()
+				}
+			}
+			it := &batch[n]
+			r = p.handler(p.ctx, it.Key, it.Keyed, it.Value)
+			n++
+			if r.retry || p.stopping.Load() {
+				break
+			}
+		}
+		l.mu.Lock()
+		l.direct = 0
+		l.held.Store(0)
+		if r.retry {
+			it := batch[n-1]
+			it.At = r.retryTime()
+			l.q.Push(it)
+		}
+		for i := len(batch) - 1; i >= n; i-- {
+			l.staged.pushFront(batch[i])
+		}
+		clear(batch)
+		batch = batch[:0]
+		if l.waiters.Load() > 0 && l.waiting() < p.capacity {
+			l.notifySpace()
+		}
+	}
+	l.mu.Unlock()
+}
+
+// Close stops the pool. It stops admitting items (Submit returns
+// keyorder.ErrClosed, including Submits blocked on a full lane), workers stop
+// taking new items, and Close waits for running handlers to return. If ctx
+// ends first, Close cancels the handlers' context, still waits for them to
+// return, and reports ctx.Err().
+//
+// It then returns every item still waiting — never started, parked behind
+// its key, delayed, or handed back by RetryAt — oldest first within each
+// lane, lane after lane. A second Close returns nil, keyorder.ErrClosed.
+func (p *Pool[T]) Close(ctx context.Context) (leftover []T, err error) {
+	p.closeMu.Lock()
+	if p.closed {
+		p.closeMu.Unlock()
+		return nil, keyorder.ErrClosed
+	}
+	p.closed = true
+	p.closeMu.Unlock()
+	p.stopping.Store(true)
+
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		l.closed = true
+		if l.timer != nil {
+			l.timer.Stop()
+			l.timerAt = time.Time{}
+		}
+		l.ready.Broadcast()
+		l.mu.Unlock()
+	}
+	close(p.closing)
+
+	select {
+	case <-p.stopped:
+	case <-ctx.Done():
+		p.cancel()
+		<-p.stopped
+		err = ctx.Err()
+	}
+	p.cancel()
+
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		for _, it := range l.q.Drain() {
+			leftover = append(leftover, it.Value)
+		}
+		for l.staged.len() > 0 {
+			leftover = append(leftover, l.staged.pop().Value)
+		}
+		l.mu.Unlock()
+	}
+	return leftover, err
+}
+
+// Stats returns a snapshot of the pool's load. It takes each lane's lock
+// briefly and allocates nothing.
+func (p *Pool[T]) Stats() Stats {
+	var s Stats
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		s.Queued += l.waiting()
+		s.InFlight += l.q.InFlight() + l.direct
+		l.mu.Unlock()
+	}
+	return s
+}
+
+// fifo is a growable ring of items; its length is a power of two. It grows
+// only while a lane fills up for the first time, so the steady state does not
+// allocate.
+type fifo[T any] struct {
+	buf  []groupq.Item[T]
+	head int
+	n    int
+}
+
+func (f *fifo[T]) len() int { return f.n }
+
+func (f *fifo[T]) push(it groupq.Item[T]) {
+	if f.n == len(f.buf) {
+		f.grow()
+	}
+	f.buf[(f.head+f.n)&(len(f.buf)-1)] = it
+	f.n++
+}
+
+func (f *fifo[T]) front() *groupq.Item[T] { return &f.buf[f.head] }
+
+func (f *fifo[T]) grow() {
+	buf := make([]groupq.Item[T], max(16, 2*len(f.buf)))
+	k := copy(buf, f.buf[f.head:])
+	copy(buf[k:], f.buf[:f.head])
+	f.buf, f.head = buf, 0
+}
+
+// pushFront puts it back before the oldest item.
+func (f *fifo[T]) pushFront(it groupq.Item[T]) {
+	if f.n == len(f.buf) {
+		f.grow()
+	}
+	f.head = (f.head - 1) & (len(f.buf) - 1)
+	f.buf[f.head] = it
+	f.n++
+}
+
+func (f *fifo[T]) pop() groupq.Item[T] {
+	it := f.buf[f.head]
+	f.buf[f.head] = groupq.Item[T]{}
+	f.head = (f.head + 1) & (len(f.buf) - 1)
+	f.n--
+	return it
+}

@@ -1,0 +1,443 @@
+// Package publish is the portable publishing API of keyorder.
+//
+// A Publisher wraps a backend's adapters.Topic driver and owns what must be
+// the same on every broker: resolving a message's ordering key, validating
+// the message against the backend's limits before anything is sent, keeping
+// one batch per key in flight so a key's messages reach the broker in the
+// order the application published them, and pausing a key whose publish
+// failed so that nothing published after it can overtake it.
+//
+// # Ordering
+//
+// Key resolution, first that is set wins: Message.Key, then the
+// partition-key header, then Config.Key. The key travels as the broker's
+// ordering construct, never as a header. Concurrent publishes of one key are
+// queued and sent in the order Publish was called, in batches of up to
+// Config.MaxBatch, one batch at a time; keyless messages are sent
+// concurrently.
+//
+// # Paused keys
+//
+// When a keyed batch fails (after retrying transient errors), the key is
+// paused: that batch's callers get the error, and every later publish of the
+// key fails fast with an error matching keyorder.ErrKeyPaused, sending
+// nothing, until Resume or ResumeAll. With Config.AutoResume the key is
+// resumed at once instead, so the next publish is sent; messages already
+// queued behind the failed batch still fail with ErrKeyPaused, because
+// sending them would let them overtake the failed one.
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Defaults for Config.
+const (
+	MaxBatchDefault    = 100
+	SendRetriesDefault = 3
+)
+
+// Config configures a Publisher. A nil *Config means all defaults.
+type Config struct {
+	// Key is the ordering key fixed at the mount site: used when neither
+	// Message.Key nor the partition-key header is set.
+	Key string
+	// MissingKey is what happens to a message with no key. Defaults to
+	// policy.Reject.
+	MissingKey policy.MissingKey
+	// AutoResume resumes a key right after a failed publish instead of
+	// pausing it.
+	AutoResume bool
+	// MaxBatch is the most messages of one key sent in one batch. Defaults
+	// to MaxBatchDefault, capped by the backend's limit.
+	MaxBatch int
+	// SendRetries is how many times a transient send error is retried.
+	// Defaults to SendRetriesDefault; a negative value disables retries.
+	SendRetries int
+	// Backoff spaces the retries. Defaults to policy.Retry defaults.
+	Backoff policy.Retry
+	// Logger receives the publisher's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with defaults applied.
+func (c *Config) WithDefaults() *Config {
+	out := &Config{}
+	if c != nil {
+		*out = *c
+	}
+	if out.MissingKey == policy.DefaultMissingKey {
+		out.MissingKey = policy.Reject
+	}
+	if out.MaxBatch == 0 {
+		out.MaxBatch = MaxBatchDefault
+	}
+	if out.SendRetries == 0 {
+		out.SendRetries = SendRetriesDefault
+	}
+	if out.SendRetries < 0 {
+		out.SendRetries = 0
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	if c.MaxBatch < 0 {
+		return fmt.Errorf("%w: publish.Config.MaxBatch must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxBatch)
+	}
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("%w: publish.Config.Backoff: %v", keyorder.ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// Publisher publishes messages to one topic. It is safe for concurrent use.
+type Publisher struct {
+	drv    adapters.Topic
+	cfg    *Config
+	limits adapters.Limits
+
+	mu      sync.Mutex
+	closed  bool
+	keys    map[string]*keyQueue
+	paused  map[string]error
+	senders sync.WaitGroup
+	stop    context.CancelFunc
+	ctx     context.Context
+}
+
+type keyQueue struct {
+	pending []*request
+}
+
+type request struct {
+	m    *adapters.Message
+	done chan error
+}
+
+// Open opens a Publisher for the topic named by urlstr, through the scheme
+// registered on adapters.DefaultMux (import the adapter for side effects).
+func Open(ctx context.Context, urlstr string, cfg *Config) (*Publisher, error) {
+	drv, err := adapters.DefaultMux().OpenTopic(ctx, urlstr)
+	if err != nil {
+		return nil, err
+	}
+	p, err := New(drv, cfg)
+	if err != nil {
+		drv.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// New returns a Publisher over a driver.
+func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	lim := drv.Limits()
+	if lim.MaxBatchMessages > 0 && c.MaxBatch > lim.MaxBatchMessages {
+		c.MaxBatch = lim.MaxBatchMessages
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Publisher{
+		drv: drv, cfg: c, limits: lim,
+		keys: map[string]*keyQueue{}, paused: map[string]error{},
+		ctx: ctx, stop: stop,
+	}, nil
+}
+
+// Limits returns the backend's message limits.
+func (p *Publisher) Limits() adapters.Limits { return p.limits }
+
+// Publish sends one message and waits until the broker has it. It sets m.ID
+// to a new UUID (version 7) when empty. The error is typed: a message that
+// breaks a rule fails before anything is sent (keyorder.ErrMissingKey,
+// *keyorder.LimitError matching keyorder.ErrInvalidMessage); a paused key
+// fails with *keyorder.KeyPausedError; a broker error comes back as
+// *keyorder.Error. If ctx ends first, Publish returns ctx.Err() and the
+// message may still be sent.
+func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) error {
+	am, err := p.prepare(m)
+	if err != nil {
+		return err
+	}
+	return p.enqueue(ctx, []*adapters.Message{am})
+}
+
+// PublishBatch publishes several messages. Every message is validated first:
+// if one is invalid, nothing is sent and the error names its index. Messages
+// of one key are sent in slice order; the result joins the errors of the
+// keys that failed.
+func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) error {
+	ams := make([]*adapters.Message, len(ms))
+	for i, m := range ms {
+		am, err := p.prepare(m)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
+		}
+		ams[i] = am
+	}
+	return p.enqueue(ctx, ams)
+}
+
+// prepare resolves the key, validates and converts m.
+func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
+	}
+	key := m.Key
+	if key == "" {
+		key = m.Headers[keyorder.HeaderPartitionKey]
+	}
+	if key == "" {
+		key = p.cfg.Key
+	}
+	if key == "" && p.cfg.MissingKey == policy.Reject {
+		return nil, keyorder.ErrMissingKey
+	}
+	lim := p.limits
+	if lim.MaxKeyBytes > 0 && len(key) > lim.MaxKeyBytes {
+		return nil, &keyorder.LimitError{Limit: "key length", Max: lim.MaxKeyBytes, Got: len(key), Backend: lim.Backend}
+	}
+	if lim.KeyUTF8 && !utf8.ValidString(key) {
+		return nil, &keyorder.LimitError{Limit: "key is not valid UTF-8", Backend: lim.Backend}
+	}
+	if lim.PayloadRequired && len(m.Payload) == 0 {
+		return nil, &keyorder.LimitError{Limit: "empty payload", Backend: lim.Backend}
+	}
+	if lim.MaxPayloadBytes > 0 && len(m.Payload) > lim.MaxPayloadBytes {
+		return nil, &keyorder.LimitError{Limit: "payload size", Max: lim.MaxPayloadBytes, Got: len(m.Payload), Backend: lim.Backend}
+	}
+	if m.ID == "" {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, err
+		}
+		m.ID = id.String()
+	}
+	var headers map[string]string
+	if len(m.Headers) > 0 {
+		headers = maps.Clone(m.Headers)
+		delete(headers, keyorder.HeaderPartitionKey)
+	}
+	return &adapters.Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}, nil
+}
+
+// enqueue queues ms behind their keys' in-flight batches and waits.
+func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
+	reqs := make([]*request, 0, len(ms))
+	var errs []error
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return keyorder.ErrClosed
+	}
+	// Check every key before queueing any, so a paused key fails the call
+	// without half of it sent.
+	for _, m := range ms {
+		if cause, ok := p.paused[m.Key]; ok && m.Key != "" {
+			p.mu.Unlock()
+			return &keyorder.KeyPausedError{Key: m.Key, Cause: cause}
+		}
+	}
+	var keyless []*request
+	for _, m := range ms {
+		r := &request{m: m, done: make(chan error, 1)}
+		reqs = append(reqs, r)
+		if m.Key == "" {
+			keyless = append(keyless, r)
+			continue
+		}
+		kq, ok := p.keys[m.Key]
+		if !ok {
+			kq = &keyQueue{}
+			p.keys[m.Key] = kq
+			p.senders.Add(1)
+			go p.sendKey(m.Key, kq)
+		}
+		kq.pending = append(kq.pending, r)
+	}
+	if len(keyless) > 0 {
+		p.senders.Add(1)
+		go p.sendKeyless(keyless)
+	}
+	p.mu.Unlock()
+	for _, r := range reqs {
+		select {
+		case err := <-r.done:
+			if err != nil && !slices.ContainsFunc(errs, func(e error) bool { return e == err }) {
+				errs = append(errs, err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sendKey sends a key's queued requests one batch at a time until none is
+// left; at most one sendKey runs per key.
+func (p *Publisher) sendKey(key string, kq *keyQueue) {
+	defer p.senders.Done()
+	for {
+		p.mu.Lock()
+		if len(kq.pending) == 0 {
+			delete(p.keys, key)
+			p.mu.Unlock()
+			return
+		}
+		n := min(len(kq.pending), p.cfg.MaxBatch)
+		n = p.fitBytes(kq.pending[:n])
+		batch := slices.Clone(kq.pending[:n])
+		kq.pending = kq.pending[n:]
+		p.mu.Unlock()
+
+		err := p.send(batch)
+		if err == nil {
+			for _, r := range batch {
+				r.done <- nil
+			}
+			continue
+		}
+		// Pause (and fail what queued behind the batch) before the callers
+		// hear of the failure, so a publish they make next sees the pause,
+		// or under AutoResume is sent.
+		p.mu.Lock()
+		if !p.cfg.AutoResume {
+			p.paused[key] = err
+		}
+		for _, r := range kq.pending {
+			r.done <- &keyorder.KeyPausedError{Key: key, Cause: err}
+		}
+		kq.pending = nil
+		p.mu.Unlock()
+		for _, r := range batch {
+			r.done <- err
+		}
+		p.cfg.Logger.Warn("keyorder: keyed publish failed", "key", key, "paused", !p.cfg.AutoResume, "err", err)
+	}
+}
+
+// fitBytes shortens a batch to the backend's byte limit (at least one).
+func (p *Publisher) fitBytes(rs []*request) int {
+	if p.limits.MaxBatchBytes <= 0 {
+		return len(rs)
+	}
+	total := 0
+	for i, r := range rs {
+		total += len(r.m.Payload)
+		if total > p.limits.MaxBatchBytes && i > 0 {
+			return i
+		}
+	}
+	return len(rs)
+}
+
+func (p *Publisher) sendKeyless(rs []*request) {
+	defer p.senders.Done()
+	for len(rs) > 0 {
+		n := p.fitBytes(rs[:min(len(rs), p.cfg.MaxBatch)])
+		err := p.send(rs[:n])
+		for _, r := range rs[:n] {
+			r.done <- err
+		}
+		rs = rs[n:]
+	}
+}
+
+// send calls the driver, retrying transient errors.
+func (p *Publisher) send(batch []*request) error {
+	ms := make([]*adapters.Message, len(batch))
+	for i, r := range batch {
+		ms[i] = r.m
+	}
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = p.drv.SendBatch(p.ctx, ms)
+		if err == nil {
+			return nil
+		}
+		if attempt > p.cfg.SendRetries || !p.drv.IsRetryable(err) || p.ctx.Err() != nil {
+			break
+		}
+		t := time.NewTimer(p.cfg.Backoff.Backoff(attempt))
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			t.Stop()
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return &keyorder.Error{Code: p.drv.ErrorCode(err), Op: "publish", Err: err}
+}
+
+// Paused returns the paused keys, sorted.
+func (p *Publisher) Paused() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(maps.Keys(p.paused))
+}
+
+// Resume resumes a paused key; it reports whether the key was paused.
+func (p *Publisher) Resume(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.paused[key]
+	delete(p.paused, key)
+	return ok
+}
+
+// ResumeAll resumes every paused key and returns how many there were.
+func (p *Publisher) ResumeAll() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.paused)
+	clear(p.paused)
+	return n
+}
+
+// Close stops accepting messages, waits for queued ones to be sent (until
+// ctx ends; then sends in progress are cancelled) and closes the driver.
+// Publishing after Close returns keyorder.ErrClosed.
+func (p *Publisher) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return keyorder.ErrClosed
+	}
+	p.closed = true
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.senders.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		p.stop()
+		<-done
+	}
+	p.stop()
+	return errors.Join(err, p.drv.Close())
+}

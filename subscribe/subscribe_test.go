@@ -1,0 +1,270 @@
+package subscribe_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type world struct {
+	b   *memory.Broker
+	pub *publish.Publisher
+}
+
+func newWorld(t *testing.T, cfg *memory.SubscriptionConfig) *world {
+	t.Helper()
+	b := memory.NewBroker()
+	if err := b.CreateSubscription("t", "s", cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, err := publish.New(b.OpenTopic("t"), &publish.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(context.Background()) })
+	return &world{b: b, pub: p}
+}
+
+func (w *world) publish(t *testing.T, id, key string) {
+	t.Helper()
+	if err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: key, Payload: []byte(id)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (w *world) start(t *testing.T, drv adapters.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) (*subscribe.Subscriber, func()) {
+	t.Helper()
+	if drv == nil {
+		var err error
+		if drv, err = w.b.OpenSubscription("s"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cfg == nil {
+		cfg = &subscribe.Config{}
+	}
+	cfg.Logger = quiet
+	s, err := subscribe.New(drv, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background(), h) }()
+	return s, func() {
+		t.Helper()
+		s.Shutdown(context.Background())
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
+func TestRedeliveryOfAckedIDIsSuppressed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		var calls atomic.Int32
+		s, stop := w.start(t, nil, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			calls.Add(1)
+			return nil
+		})
+		w.publish(t, "same-id", "k")
+		synctest.Wait()
+		w.publish(t, "same-id", "k") // the broker delivers it again
+		synctest.Wait()
+		stop()
+		if calls.Load() != 1 || s.Stats().Suppressed.Load() != 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and 1", calls.Load(), s.Stats().Suppressed.Load())
+		}
+	})
+}
+
+// stallingLeases withholds lease extensions for a while, as a process
+// paused by GC or cut off from its broker would.
+type stallingLeases struct {
+	adapters.Subscription
+	mu    sync.Mutex
+	until time.Time
+}
+
+func (s *stallingLeases) stall(d time.Duration) {
+	s.mu.Lock()
+	s.until = time.Now().Add(d)
+	s.mu.Unlock()
+}
+
+func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	s.mu.Lock()
+	stalled := time.Now().Before(s.until)
+	s.mu.Unlock()
+	if stalled {
+		return nil, nil
+	}
+	return s.Subscription.ExtendLeases(ctx, ms)
+}
+
+func TestLostLeaseCancelsHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		drv := &stallingLeases{Subscription: raw}
+		var cause atomic.Value
+		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			if d.Attempt > 1 {
+				return nil
+			}
+			drv.stall(20 * time.Second)
+			<-ctx.Done()
+			cause.Store(ctx.Err())
+			return ctx.Err()
+		})
+		w.publish(t, "m1", "k")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if cause.Load() == nil {
+			t.Fatal("the handler's context was not cancelled when its lease was lost")
+		}
+		if s.Stats().LeasesLost.Load() < 1 || s.Stats().Acked.Load() != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want at least 1, and 1 (redelivered and handled)", s.Stats().LeasesLost.Load(), s.Stats().Acked.Load())
+		}
+	})
+}
+
+func TestShutdownDeadlineReleasesWithoutCountingAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		started := make(chan struct{})
+		_, stop := w.start(t, nil, &subscribe.Config{ShutdownTimeout: 5 * time.Second}, func(ctx context.Context, d *keyorder.Delivery) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		w.publish(t, "m1", "k")
+		w.publish(t, "m2", "k")
+		<-started
+		begin := time.Now()
+		stop()
+		if took := time.Since(begin); took != 5*time.Second {
+			t.Fatalf("shutdown took %v, want the 5s deadline", took)
+		}
+		var got []string
+		var attempts []int
+		_, stop2 := w.start(t, nil, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			got = append(got, d.ID)
+			attempts = append(attempts, d.Attempt)
+			return nil
+		})
+		synctest.Wait()
+		stop2()
+		if !slices.Equal(got, []string{"m1", "m2"}) || attempts[0] != 1 {
+			t.Fatalf("after shutdown the next subscriber handled %v with attempts %v; want m1 (attempt 1), m2", got, attempts)
+		}
+	})
+}
+
+func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: time.Second})
+		w.publish(t, "m1", "k")
+		crashing, _ := w.b.OpenSubscription("s")
+		for range 2 { // two consumers crash holding m1
+			if _, err := crashing.Receive(context.Background(), 1); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+		}
+		var calls atomic.Int32
+		s, stop := w.start(t, nil, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 2}}, func(ctx context.Context, d *keyorder.Delivery) error {
+			calls.Add(1)
+			return nil
+		})
+		synctest.Wait()
+		stop()
+		dl, _ := s.DeadLetters(context.Background(), 10)
+		if calls.Load() != 0 || len(dl) != 1 || dl[0].Attempts != 3 {
+			t.Fatalf("calls = %d, dead letters = %+v; want m1 dead-lettered unrun after exhausting attempts", calls.Load(), dl)
+		}
+	})
+}
+
+func TestMiddlewareOrderAndHeaders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		var mu sync.Mutex
+		var trace []string
+		mw := func(name string) subscribe.Middleware {
+			return func(next subscribe.HandlerFunc) subscribe.HandlerFunc {
+				return func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					trace = append(trace, name)
+					mu.Unlock()
+					return next(ctx, d)
+				}
+			}
+		}
+		var header string
+		_, stop := w.start(t, nil, &subscribe.Config{Middleware: []subscribe.Middleware{mw("outer"), mw("inner")}},
+			func(ctx context.Context, d *keyorder.Delivery) error {
+				mu.Lock()
+				trace = append(trace, "handler")
+				header = d.Headers[keyorder.HeaderPartitionKey]
+				mu.Unlock()
+				return nil
+			})
+		w.publish(t, "m1", "acct-9")
+		synctest.Wait()
+		stop()
+		if !slices.Equal(trace, []string{"outer", "inner", "handler"}) || header != "acct-9" {
+			t.Fatalf("trace %v, partition-key header %q", trace, header)
+		}
+	})
+}
+
+func TestRunMisuse(t *testing.T) {
+	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	drv, _ := w.b.OpenSubscription("s")
+	if _, err := subscribe.New(drv, &subscribe.Config{Workers: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
+		t.Fatalf("Workers -1 = %v", err)
+	}
+	s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Run(context.Background(), nil); !errors.Is(err, keyorder.ErrInvalidConfig) {
+		t.Fatalf("nil handler = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	handled := make(chan struct{}, 1)
+	go func() {
+		done <- s.Run(ctx, func(context.Context, *keyorder.Delivery) error { handled <- struct{}{}; return nil })
+	}()
+	w.publish(t, "m1", "k")
+	<-handled
+	if err := s.Run(ctx, func(context.Context, *keyorder.Delivery) error { return nil }); !errors.Is(err, keyorder.ErrInvalidConfig) {
+		t.Fatalf("second Run = %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after cancel = %v", err)
+	}
+	if _, err := subscribe.Open(context.Background(), "mem://t", nil); !errors.Is(err, keyorder.ErrBadURL) {
+		t.Fatalf("subscription URL without a name = %v", err)
+	}
+}
