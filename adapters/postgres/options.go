@@ -19,6 +19,8 @@ const (
 	ChainLengthDefault    = 10
 	PollIntervalDefault   = time.Second
 	NotifyDebounceDefault = 5 * time.Millisecond
+	// LeaseDurationMin is the shortest lease accepted.
+	LeaseDurationMin = time.Second
 )
 
 // Options configure a Topic or Subscription opened on a pool. A nil *Options
@@ -110,8 +112,8 @@ func (o *Options) validate() error {
 	switch {
 	case !schemaRE.MatchString(o.Schema):
 		return fmt.Errorf("%w: postgres: Options.Schema %q must be a lower-case SQL identifier", keyorder.ErrInvalidConfig, o.Schema)
-	case o.LeaseDuration < time.Second:
-		return fmt.Errorf("%w: postgres: Options.LeaseDuration %v is below 1s", keyorder.ErrInvalidConfig, o.LeaseDuration)
+	case o.LeaseDuration < LeaseDurationMin:
+		return fmt.Errorf("%w: postgres: Options.LeaseDuration %v is below %v", keyorder.ErrInvalidConfig, o.LeaseDuration, LeaseDurationMin)
 	case o.MaxBatch < 1 || o.MaxBatch > 10000:
 		return fmt.Errorf("%w: postgres: Options.MaxBatch %d must be in [1, 10000]", keyorder.ErrInvalidConfig, o.MaxBatch)
 	case o.ChainLength < 1 || o.ChainLength > 1000:

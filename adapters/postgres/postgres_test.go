@@ -385,3 +385,39 @@ func TestURL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Receive never returns more than asked, however chains and keyless
+// messages add up, and the oldest come first.
+func TestReceiveAtMostMax(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.sub("t", "s", policy.Ordered, nil)
+	publish(t, tp, msg("", "s0"))
+	for _, k := range []string{"A", "B", "C"} {
+		var ms []*adapters.Message
+		for i := range 10 {
+			ms = append(ms, msg(k, fmt.Sprintf("%s%d", k, i)))
+		}
+		publish(t, tp, ms...)
+	}
+	publish(t, tp, msg("", "s1"), msg("", "s2"))
+	ctx := ctxT(t, 20*time.Second)
+	total := 0
+	for total < 33 {
+		ms, err := s.Receive(ctx, 15)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) > 15 {
+			t.Fatalf("Receive(15) returned %d", len(ms))
+		}
+		if total == 0 && ms[0].ID != "s0" {
+			t.Fatalf("first receive starts with %s, want s0 (the oldest)", ms[0].ID)
+		}
+		total += len(ms)
+		if err := s.Ack(ctx, ms); err != nil {
+			t.Fatal(err)
+		}
+	}
+	receiveNone(t, s, 100*time.Millisecond)
+}

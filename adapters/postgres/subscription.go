@@ -56,34 +56,51 @@ type chain struct {
 
 	mu        sync.Mutex
 	unsettled map[int64]struct{}
+	running   int // settling calls whose transaction has not ended
 	released  bool
 }
 
-// settle removes ids from the chain and reports whether that emptied it; the
-// caller then releases the head in the same transaction. undo puts them back
-// if that transaction fails.
-func (c *chain) settle(ids []int64) (release bool) {
+// begin removes ids from the chain as a settling call starts. It reports
+// whether this call empties the chain while no other call is in flight: the
+// call then releases the head in its own transaction.
+func (c *chain) begin(ids []int64) (piggyback bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range ids {
 		delete(c.unsettled, id)
 	}
-	if len(c.unsettled) == 0 && !c.released {
+	c.running++
+	if len(c.unsettled) == 0 && c.running == 1 && !c.released {
 		c.released = true
 		return true
 	}
 	return false
 }
 
-func (c *chain) undo(ids []int64, released bool) {
+// end records that a settling call's transaction ended. A failed call puts
+// its ids back. It reports whether the head must now be released by a
+// transaction of its own: the chain is empty and this was the last call in
+// flight. The head is never released before every member's settlement has
+// committed, or a claimer could see a member that is being acked or
+// dead-lettered and deliver it again.
+func (c *chain) end(ids []int64, ok, piggyback bool) (releaseNow bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, id := range ids {
-		c.unsettled[id] = struct{}{}
+	c.running--
+	if !ok {
+		for _, id := range ids {
+			c.unsettled[id] = struct{}{}
+		}
+		if piggyback {
+			c.released = false
+		}
+		return false
 	}
-	if released {
-		c.released = false
+	if len(c.unsettled) == 0 && c.running == 0 && !c.released {
+		c.released = true
+		return true
 	}
+	return false
 }
 
 // OpenSubscription opens subscription sub of topic on pool. With
@@ -195,8 +212,8 @@ func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters
 	keyed := su.info.opts.Ordering.Keyed()
 	b := &pgx.Batch{}
 	if keyed {
-		nkeys := (maxMessages + su.opts.ChainLength - 1) / su.opts.ChainLength
-		b.Queue(su.claimKeys, su.info.id, nkeys, min(su.opts.ChainLength, maxMessages), su.lease, token,
+		chainLen := min(su.opts.ChainLength, maxMessages)
+		b.Queue(su.claimKeys, su.info.id, maxMessages/chainLen, chainLen, su.lease, token,
 			su.info.opts.Ordering == policy.Ordered)
 	}
 	b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token)
@@ -283,6 +300,16 @@ func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters
 			}
 			return cmpInt64(x2, y2)
 		})
+		if len(out) > maxMessages {
+			// Chains and keyless messages were claimed side by side, each up
+			// to maxMessages; keep the oldest and give the rest back.
+			excess := out[maxMessages:]
+			out = out[:maxMessages]
+			if err := su.Release(ctx, excess); err != nil {
+				su.opts.Logger.Warn("keyorder postgres: giving back excess claims failed; they wait for lease expiry",
+					"subscription", su.info.name, "messages", len(excess), "err", err)
+			}
+		}
 		return out, 0, nil
 	}
 	wait := su.opts.PollInterval
@@ -315,43 +342,47 @@ func ackIDs(ms []*adapters.Message) ([]*ackID, error) {
 	return out, nil
 }
 
-// settlement collects, for one settling call, the chains it completes, so
-// the heads are released in the same transaction.
+// settlement tracks, for one settling call, the chains it touches and the
+// heads it releases in its own transaction.
 type settlement struct {
-	byChain map[*chain][]int64
-	release []*chain
+	byChain   map[*chain][]int64
+	piggyback map[*chain]bool
 }
 
 func newSettlement(as []*ackID) *settlement {
-	st := &settlement{byChain: map[*chain][]int64{}}
+	st := &settlement{byChain: map[*chain][]int64{}, piggyback: map[*chain]bool{}}
 	for _, a := range as {
 		if a.chain != nil {
 			st.byChain[a.chain] = append(st.byChain[a.chain], a.id)
 		}
 	}
 	for c, ids := range st.byChain {
-		if c.settle(ids) {
-			st.release = append(st.release, c)
-		}
+		st.piggyback[c] = c.begin(ids)
 	}
 	return st
 }
 
-func (st *settlement) undo() {
+// end closes the settlement and returns the chains whose heads are now to
+// be released in a transaction of their own.
+func (st *settlement) end(ok bool) []*chain {
+	var out []*chain
 	for c, ids := range st.byChain {
-		c.undo(ids, slices.Contains(st.release, c))
+		if c.end(ids, ok, st.piggyback[c]) {
+			out = append(out, c)
+		}
 	}
+	return out
 }
 
-// queueRelease adds the head releases to b.
-func (su *Subscription) queueRelease(b *pgx.Batch, st *settlement) {
-	if len(st.release) == 0 {
+// queueRelease adds the release of the chains' heads to b.
+func (su *Subscription) queueRelease(b *pgx.Batch, chains []*chain) {
+	if len(chains) == 0 {
 		return
 	}
-	slices.SortFunc(st.release, func(x, y *chain) int { return strings.Compare(x.key, y.key) })
-	keys := make([]string, len(st.release))
-	tokens := make([]int64, len(st.release))
-	for i, c := range st.release {
+	slices.SortFunc(chains, func(x, y *chain) int { return strings.Compare(x.key, y.key) })
+	keys := make([]string, len(chains))
+	tokens := make([]int64, len(chains))
+	for i, c := range chains {
 		keys[i], tokens[i] = c.key, c.token
 	}
 	b.Queue(su.s.sql(sqlLockRelease), su.info.id, keys)
@@ -359,11 +390,31 @@ func (su *Subscription) queueRelease(b *pgx.Batch, st *settlement) {
 	b.Queue(su.s.sql(sqlDropIdleHeads), su.info.id, keys)
 }
 
+// run sends b (several statements run as one implicit transaction) with the
+// releases of the chains this call empties, then releases the chains that
+// were waiting for it.
 func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement) error {
-	// A batch of several statements runs as one implicit transaction.
-	err := su.s.pool.SendBatch(ctx, b).Close()
+	var piggy []*chain
+	for c, p := range st.piggyback {
+		if p {
+			piggy = append(piggy, c)
+		}
+	}
+	su.queueRelease(b, piggy)
+	var err error
+	if b.Len() > 0 { // a keyed Release that does not end its chain writes nothing
+		err = su.s.pool.SendBatch(ctx, b).Close()
+	}
+	if later := st.end(err == nil); len(later) > 0 {
+		rb := &pgx.Batch{}
+		su.queueRelease(rb, later)
+		if rerr := su.s.pool.SendBatch(ctx, rb).Close(); rerr != nil {
+			// The heads stay leased until their leases expire.
+			su.opts.Logger.Warn("keyorder postgres: releasing keys failed; they wait for lease expiry",
+				"subscription", su.info.name, "keys", len(later), "err", rerr)
+		}
+	}
 	if err != nil {
-		st.undo()
 		return fmt.Errorf("postgres: %s: %w", op, err)
 	}
 	return nil
@@ -383,7 +434,6 @@ func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 	st := newSettlement(as)
 	b := &pgx.Batch{}
 	b.Queue(su.s.sql(sqlAck), su.info.id, ids, su.info.topicID)
-	su.queueRelease(b, st)
 	return su.run(ctx, "ack", b, st)
 }
 
@@ -403,7 +453,6 @@ func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay tim
 	} else {
 		b.Queue(su.s.sql(sqlNackDirect), su.info.id, a.id, max(delay, 0), a.token)
 	}
-	su.queueRelease(b, st)
 	return su.run(ctx, "nack", b, st)
 }
 
@@ -425,7 +474,6 @@ func (su *Subscription) Release(ctx context.Context, ms []*adapters.Message) err
 	if len(direct) > 0 {
 		b.Queue(su.s.sql(sqlReleaseDirect), su.info.id, direct, tokens)
 	}
-	su.queueRelease(b, st)
 	return su.run(ctx, "release", b, st)
 }
 
@@ -439,7 +487,6 @@ func (su *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, rea
 	st := newSettlement(as)
 	b := &pgx.Batch{}
 	b.Queue(su.s.sql(sqlDeadLetter), su.info.id, as[0].id, reason, attempts)
-	su.queueRelease(b, st)
 	return su.run(ctx, "dead-letter", b, st)
 }
 
