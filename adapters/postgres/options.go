@@ -19,6 +19,7 @@ const (
 	ChainLengthDefault    = 10
 	PollIntervalDefault   = time.Second
 	NotifyDebounceDefault = 5 * time.Millisecond
+	VacuumIntervalDefault = 10 * time.Second
 	// LeaseDurationMin is the shortest lease accepted.
 	LeaseDurationMin = time.Second
 )
@@ -63,6 +64,15 @@ type Options struct {
 	// trailing notification. Defaults to NotifyDebounceDefault; negative
 	// disables notifications (subscribers then poll). URL: notify_debounce.
 	NotifyDebounce time.Duration
+	// VacuumInterval is how often a Subscription vacuums the heads table,
+	// which every claim and release updates: autovacuum visits a table at
+	// most once per autovacuum_naptime (a minute by default), long enough
+	// for a busy queue to pile up dead head versions that every claim scans.
+	// Only one process vacuums at a time (an advisory lock decides); a
+	// failure (e.g. a role that does not own the table) is logged once.
+	// Defaults to VacuumIntervalDefault; negative disables. URL:
+	// vacuum_interval.
+	VacuumInterval time.Duration
 	// MissingKey is what PublishTx does with a message that has no key:
 	// Reject (the default) or Unordered. SendBatch leaves that decision to
 	// the portable publisher. URL: missing_key.
@@ -98,6 +108,7 @@ func (o *Options) WithDefaults() *Options {
 	c.ChainLength = cmp.Or(c.ChainLength, ChainLengthDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.NotifyDebounce = cmp.Or(c.NotifyDebounce, NotifyDebounceDefault)
+	c.VacuumInterval = cmp.Or(c.VacuumInterval, VacuumIntervalDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -34,6 +34,7 @@ type Subscription struct {
 	listener *listener
 	closed   atomic.Bool
 	done     chan struct{}
+	maint    sync.WaitGroup
 }
 
 var (
@@ -144,6 +145,10 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		done:        make(chan struct{}),
 	}
 	su.listener = startListener(pool, s.channel(topic), su.wake, su.done, o.Logger)
+	if info.opts.Ordering.Keyed() && o.VacuumInterval > 0 {
+		su.maint.Add(1)
+		go su.vacuumLoop()
+	}
 	return su, nil
 }
 
@@ -599,8 +604,47 @@ func (su *Subscription) Close() error {
 	}
 	close(su.done)
 	su.listener.wait()
+	su.maint.Wait()
 	if su.ownsPool {
 		su.s.pool.Close()
 	}
 	return nil
+}
+
+// vacuumLoop vacuums the heads table every VacuumInterval, in one process at
+// a time.
+func (su *Subscription) vacuumLoop() {
+	defer su.maint.Done()
+	t := time.NewTicker(su.opts.VacuumInterval)
+	defer t.Stop()
+	warned := false
+	for {
+		select {
+		case <-su.done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), su.opts.VacuumInterval)
+		if err := su.vacuumHeads(ctx); err != nil && !warned && ctx.Err() == nil {
+			warned = true
+			su.opts.Logger.Warn("keyorder postgres: vacuuming the heads table failed; leaving it to autovacuum",
+				"schema", su.s.schema, "err", err)
+		}
+		cancel()
+	}
+}
+
+func (su *Subscription) vacuumHeads(ctx context.Context) error {
+	conn, err := su.s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('keyorder.vacuum'), hashtext($1))`, su.s.schema).Scan(&got); err != nil || !got {
+		return err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext('keyorder.vacuum'), hashtext($1))`, su.s.schema)
+	_, err = conn.Exec(ctx, "VACUUM "+su.s.q+".heads")
+	return err
 }

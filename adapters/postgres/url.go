@@ -139,6 +139,8 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 			c.PollInterval, perr = time.ParseDuration(v)
 		case "notify_debounce":
 			c.NotifyDebounce, perr = time.ParseDuration(v)
+		case "vacuum_interval":
+			c.VacuumInterval, perr = time.ParseDuration(v)
 		case "missing_key":
 			c.MissingKey, perr = policy.ParseMissingKey(v)
 		default:

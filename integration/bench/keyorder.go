@@ -78,7 +78,7 @@ func (e *koEnv) publish(ctx context.Context, c config, keys, n int) (float64, er
 // consume receives and acks n messages with every subscription in parallel,
 // checking that each key's messages come in publish order.
 func (e *koEnv) consume(ctx context.Context, c config, n int, ordered bool) (float64, error) {
-	var done atomic.Int64
+	var done, finished atomic.Int64
 	var mu sync.Mutex
 	last := map[string]int64{}
 	var violations atomic.Int64
@@ -115,12 +115,16 @@ func (e *koEnv) consume(ctx context.Context, c config, n int, ordered bool) (flo
 					errs <- err
 					return
 				}
-				done.Add(int64(len(ms)))
+				if done.Add(int64(len(ms))) >= int64(n) {
+					finished.CompareAndSwap(0, time.Now().UnixNano())
+				}
 			}
 		})
 	}
 	wg.Wait()
-	el := time.Since(start)
+	// Stop the clock when the last message was acked, not when the other
+	// consumers' Receive calls time out.
+	el := time.Unix(0, finished.Load()).Sub(start)
 	close(errs)
 	for err := range errs {
 		return 0, err

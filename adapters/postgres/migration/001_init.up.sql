@@ -33,7 +33,7 @@ CREATE TABLE {{schema}}.messages (
     headers      jsonb,
     not_before   timestamptz,
     published_at timestamptz NOT NULL DEFAULT now()
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX messages_topic_id ON {{schema}}.messages (topic_id, id);
 
 -- One row per (subscription, message) until it is acknowledged or
@@ -52,7 +52,7 @@ CREATE TABLE {{schema}}.deliveries (
     can_run_after timestamptz NOT NULL,
     lease_token   bigint,
     PRIMARY KEY (sub_id, id)
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX deliveries_key ON {{schema}}.deliveries (sub_id, msg_key, id) WHERE NOT direct;
 CREATE INDEX deliveries_direct ON {{schema}}.deliveries (sub_id, can_run_after) WHERE direct;
 
