@@ -66,8 +66,9 @@ type Assignment int
 
 const (
 	// ByKey hashes the key onto Config.Workers lanes with one worker each:
-	// one key always runs on one lane, in submission order. Keyless items
-	// are spread over the lanes round-robin.
+	// one key always runs on one lane, in submission order. (The hash is
+	// seeded per Pool: the same key may land on another lane in another
+	// Pool.) Keyless items are spread over the lanes round-robin.
 	ByKey Assignment = iota
 	// Shared uses one lane served by Config.Workers workers: any free worker
 	// takes the oldest deliverable item.
@@ -168,8 +169,9 @@ type Stats struct {
 	InFlight int
 }
 
-// Pool runs items on keyed worker lanes. Create it with New; its methods are
-// safe for concurrent use.
+// Pool runs items on keyed worker lanes. Create it with New and stop it with
+// Close, which also ends its goroutines; its methods are safe for concurrent
+// use.
 type Pool[T any] struct {
 	handler  Handler[T]
 	lanes    []*lane[T]
