@@ -7,9 +7,37 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
+
+const (
+	dirPrefix = "keyorder-testenv-"
+	pidFile   = "launcher.pid"
+)
+
+// removeStaleDirs removes data directories left in the temp dir by launchers
+// that were killed (SIGKILL leaves no chance to clean up; their servers died
+// with them through Pdeathsig). A directory whose launcher still runs is kept.
+func removeStaleDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, pidFile))
+		if err != nil {
+			continue // not ours, or still being set up
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // launcher alive
+		}
+		_ = os.RemoveAll(d)
+	}
+}
 
 // StartFunc starts one server.
 type StartFunc func(ctx context.Context, o Options) (*Server, error)
@@ -70,7 +98,8 @@ func Start(ctx context.Context, o Options, names []string, keepDir bool) (*Env, 
 		o.RepoRoot = root
 	}
 	if o.Dir == "" {
-		d, err := os.MkdirTemp("", "keyorder-testenv-")
+		removeStaleDirs()
+		d, err := os.MkdirTemp("", dirPrefix)
 		if err != nil {
 			return nil, err
 		}
@@ -79,6 +108,9 @@ func Start(ctx context.Context, o Options, names []string, keepDir bool) (*Env, 
 	// PostgreSQL runs as user postgres when we are root: let it reach its
 	// subdirectory (the directory itself stays unreadable to others).
 	if err := os.Chmod(o.Dir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.Dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return nil, err
 	}
 	e := &Env{Dir: o.Dir, keepDir: keepDir, o: o}

@@ -128,7 +128,7 @@ func StartPostgres(ctx context.Context, o Options) (*Server, error) {
 		}
 		if err := p.waitReady(ctx, o.startTimeout(60*time.Second), ready); err != nil {
 			p.stop()
-			return nil, readyErr(p, err)
+			return nil, err
 		}
 		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 		defer ccancel()

@@ -192,7 +192,7 @@ func (p *proc) waitReady(ctx context.Context, timeout time.Duration, check func(
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited before it was ready (%v); last check: %v\n%s", p.name, p.waitErr, last, p.tail())
+			return fmt.Errorf("%w: %s exited before it was ready (%v); last check: %v\n%s", errExitedEarly, p.name, p.waitErr, last, p.tail())
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return fmt.Errorf("%s: start cancelled: %w", p.name, ctx.Err())
@@ -387,14 +387,6 @@ func startWithRetry(ctx context.Context, o *Options, name string, attempts int, 
 }
 
 var errExitedEarly = errors.New("server exited early")
-
-// readyErr wraps a waitReady error, marking early exits for startWithRetry.
-func readyErr(p *proc, err error) error {
-	if p.exited() {
-		return fmt.Errorf("%w: %w", errExitedEarly, err)
-	}
-	return err
-}
 
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {

@@ -77,7 +77,7 @@ func StartPubSub(ctx context.Context, o Options) (*Server, error) {
 		}
 		if err := p.waitReady(ctx, o.startTimeout(60*time.Second), ready); err != nil {
 			p.stop()
-			return nil, readyErr(p, err)
+			return nil, err
 		}
 		return &Server{
 			Name:          PubSub,

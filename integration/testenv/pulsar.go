@@ -109,7 +109,7 @@ func StartPulsar(ctx context.Context, o Options) (*Server, error) {
 		}
 		if err := p.waitReady(ctx, o.startTimeout(180*time.Second), ready); err != nil {
 			p.stop()
-			return nil, readyErr(p, err)
+			return nil, err
 		}
 		return &Server{
 			Name:            Pulsar,

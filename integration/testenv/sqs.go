@@ -66,7 +66,7 @@ func StartSQS(ctx context.Context, o Options) (*Server, error) {
 		}
 		if err := p.waitReady(ctx, o.startTimeout(90*time.Second), ready); err != nil {
 			p.stop()
-			return nil, readyErr(p, err)
+			return nil, err
 		}
 		return &Server{
 			Name:            SQS,
