@@ -44,6 +44,7 @@ Extra Maven arguments can be given in KEYORDER_MVN_ARGS.
 }
 
 func main() {
+	stopWithGoRun()
 	if len(os.Args) < 2 {
 		usage()
 		os.Exit(2)
@@ -283,4 +284,23 @@ func indent(s string) string {
 		b.WriteString("  " + l + "\n")
 	}
 	return b.String()
+}
+
+// stopWithGoRun makes this process receive SIGTERM when its parent dies if
+// that parent is `go run`: go run ignores Ctrl-C (passing it on through the
+// terminal) but dies on SIGTERM without passing that on, which would leave
+// this launcher and its servers running.
+func stopWithGoRun() {
+	ppid := os.Getppid()
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", ppid))
+	if err != nil || strings.TrimSpace(string(comm)) != "go" {
+		return
+	}
+	const prSetPdeathsig = 1
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetPdeathsig, uintptr(syscall.SIGTERM), 0); errno != 0 {
+		return
+	}
+	if os.Getppid() != ppid { // the parent died before prctl
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	}
 }
