@@ -58,7 +58,7 @@ func StartPubSub(ctx context.Context, o Options) (*Server, error) {
 		cmd := exec.Command(emu, "--host=127.0.0.1", "--port="+strconv.Itoa(port), "--data-dir="+filepath.Join(dir, "data"))
 		cmd.Dir = dir
 		// The launcher script execs java with $CLOUD_PUBSUB_EMULATOR_OPTS.
-		cmd.Env = append(os.Environ(), "CLOUD_PUBSUB_EMULATOR_OPTS=-XX:+UseSerialGC -Xmx512m")
+		cmd.Env = append(os.Environ(), "CLOUD_PUBSUB_EMULATOR_OPTS=-XX:+UseSerialGC -Xmx512m -XX:-UsePerfData")
 		p, err := startProc(PubSub, cmd, filepath.Join(dir, "pubsub.log"), syscall.SIGTERM, 15*time.Second)
 		if err != nil {
 			return nil, err

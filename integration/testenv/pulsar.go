@@ -18,6 +18,7 @@ import (
 var pulsarJVMFlags = []string{
 	"-Xms256m", "-Xmx2g", "-XX:MaxDirectMemorySize=1g",
 	"-XX:+UseSerialGC",
+	"-XX:-UsePerfData", // no /tmp/hsperfdata files
 	"-Dio.netty.tryReflectionSetAccessible=true",
 	"-Dio.netty.recycler.maxCapacityPerThread=4096",
 	"-Dpulsar.allocator.exit_on_oom=true",

@@ -41,7 +41,7 @@ func StartSQS(ctx context.Context, o Options) (*Server, error) {
 		port := strconv.Itoa(ports[0])
 		began := time.Now()
 		cmd := exec.Command(java,
-			"-XX:+UseSerialGC", "-Xmx512m",
+			"-XX:+UseSerialGC", "-Xmx512m", "-XX:-UsePerfData",
 			"-Dconfig.file="+conf,
 			"-Dnode-address.port="+port,
 			"-Drest-sqs.bind-port="+port,
