@@ -149,6 +149,7 @@ func Start(ctx context.Context, o Options, names []string, keepDir bool) (*Env, 
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
+		e.keepDir = true // keep the logs for a look; the next launcher removes the directory
 		e.Stop()
 		return nil, err
 	}
