@@ -139,10 +139,11 @@ func run(args []string) int {
 		return 1
 	}
 	code := runChild(rest, childEnv(e, c), sigs)
+	stopped := time.Now()
 	if err := e.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: stopping servers: %v\n", err)
 	}
-	fmt.Fprintln(os.Stderr, "testenv: all servers stopped")
+	fmt.Fprintf(os.Stderr, "testenv: all servers stopped in %.1fs\n", time.Since(stopped).Seconds())
 	return code
 }
 
@@ -266,11 +267,12 @@ func up(args []string) int {
 	s := <-sigs
 	fmt.Fprintf(os.Stderr, "testenv: %v: stopping servers\n", s)
 	_ = os.Remove(envFile)
+	stopped := time.Now()
 	if err := e.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: stopping servers: %v\n", err)
 		code = 1
 	}
-	fmt.Fprintln(os.Stderr, "testenv: all servers stopped")
+	fmt.Fprintf(os.Stderr, "testenv: all servers stopped in %.1fs\n", time.Since(stopped).Seconds())
 	return code
 }
 
