@@ -3,12 +3,15 @@ package smoke
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
+	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
 
 	"github.com/keyorder/keyorder/integration/testenv"
 )
@@ -25,6 +28,8 @@ func TestPulsarKeyShared(t *testing.T) {
 		URL:               url,
 		OperationTimeout:  30 * time.Second,
 		ConnectionTimeout: 10 * time.Second,
+		// The client logs every connection and subscription at INFO.
+		Logger: pulsarlog.NewLoggerWithSlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 	})
 	if err != nil {
 		t.Fatalf("pulsar client %s: %v", url, err)
