@@ -60,7 +60,7 @@ func resolveClasspath(ctx context.Context, o *Options, name string) (string, tim
 	tmp := lib + ".tmp"
 	_ = os.RemoveAll(tmp)
 	_ = os.Remove(stampPath)
-	o.logf("%s: resolving jars with Maven (first run downloads them into the Maven cache)...", name)
+	o.logf("%s: resolving jars with Maven (downloads into the Maven cache what is not there yet)...", name)
 	cmdArgs := append([]string{
 		"-B", "-q", "-Dstyle.color=never",
 		"-gs", settings,
