@@ -95,7 +95,9 @@ func start(c config, sigs <-chan os.Signal) (*testenv.Env, os.Signal, error) {
 	defer cancel()
 	var got os.Signal
 	done := make(chan struct{})
+	finished := make(chan struct{})
 	go func() {
+		defer close(finished)
 		select {
 		case s := <-sigs:
 			got = s
@@ -108,6 +110,12 @@ func start(c config, sigs <-chan os.Signal) (*testenv.Env, os.Signal, error) {
 	fmt.Fprintf(os.Stderr, "testenv: starting %s\n", strings.Join(testenv.SortedNames(c.names), ", "))
 	e, err := testenv.Start(ctx, testenv.Options{StartTimeout: c.startTimeout}, c.names, c.keep)
 	close(done)
+	<-finished
+	if err == nil && got != nil {
+		// The signal came just as the last server became ready.
+		_ = e.Stop()
+		return nil, got, fmt.Errorf("%v during start-up", got)
+	}
 	if err == nil {
 		fmt.Fprintf(os.Stderr, "testenv: all servers ready in %.1fs\n%s", time.Since(began).Seconds(), indent(e.Report()))
 	}
