@@ -115,6 +115,7 @@ func Start(ctx context.Context, o Options, names []string, keepDir bool) (*Env, 
 	}
 	e := &Env{Dir: o.Dir, keepDir: keepDir, o: o}
 
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
@@ -147,6 +148,11 @@ func Start(ctx context.Context, o Options, names []string, keepDir bool) (*Env, 
 		if s != nil {
 			e.Servers = append(e.Servers, s)
 		}
+	}
+	if parent.Err() != nil {
+		// Cancelled by the caller (e.g. Ctrl-C): the errors are only echoes of that.
+		e.Stop()
+		return nil, fmt.Errorf("start-up cancelled: %w", parent.Err())
 	}
 	if err := errors.Join(errs...); err != nil {
 		e.keepDir = true // keep the logs for a look; the next launcher removes the directory
