@@ -38,11 +38,15 @@ type Options struct {
 	Log io.Writer
 }
 
+var logMu sync.Mutex // servers start and stop in parallel; o.Log need not be safe for that
+
 func (o *Options) logf(format string, args ...any) {
 	w := o.Log
 	if w == nil {
 		w = os.Stderr
 	}
+	logMu.Lock()
+	defer logMu.Unlock()
 	fmt.Fprintf(w, "testenv: "+format+"\n", args...)
 }
 
