@@ -291,8 +291,11 @@ func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
 // under Exclusive and Parallel later items of its key may run first.
 //
 // Submit blocks while the lane already holds Config.Capacity waiting items;
-// if ctx ends first it returns ctx.Err(). Once Close has started it returns
-// keyorder.ErrClosed.
+// if ctx ends first it returns ctx.Err() (a Submit that finds room does not
+// look at ctx). Once Close has started it returns keyorder.ErrClosed.
+//
+// A handler may call Submit, but if it blocks on a full lane whose workers
+// are all inside such calls, nothing frees space: give it a ctx that ends.
 func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore time.Time, v T) error {
 	if !keyed {
 		key = ""
