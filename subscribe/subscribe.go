@@ -32,11 +32,13 @@
 package subscribe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,8 +146,18 @@ type Subscriber struct {
 	tokens chan struct{}
 	acks   chan *item
 
+	// holdKeys: Ordered without native hold, so a key whose head waits in
+	// process on a time holds the key's later messages in process too.
+	holdKeys bool
+	seq      uint64 // receive order; pump only
+
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
+	// parked counts, per key, the items waiting in process on a time (a
+	// retry or a not-before time) while holdKeys. The key's other items
+	// received meanwhile wait behind them and, like them, do not count
+	// against MaxOutstanding, so a parked key cannot stop the others.
+	parked map[string]int
 
 	acked *idSet
 	stats Stats
@@ -164,11 +176,15 @@ type Stats struct {
 
 // item is one received message on its way through the lanes.
 type item struct {
-	m        *adapters.Message
-	attempt  int
-	chain    *chain
-	hasToken bool
-	lost     atomic.Bool
+	m       *adapters.Message
+	attempt int
+	chain   *chain
+	seq     uint64 // receive order
+	lost    atomic.Bool
+
+	// Guarded by Subscriber.mu.
+	hasToken bool // holds a flow-control token
+	parked   bool // counted in Subscriber.parked
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -207,11 +223,13 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
+		parked:      map[string]int{},
 		acked:       newIDSet(c.DedupeSize),
 	}
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
 	}
+	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
 	return s, nil
 }
 
@@ -343,12 +361,8 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		its := make([]*item, 0, len(ms))
 		var prev *item
 		for _, m := range ms {
-			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true}
-			if s.acked.has(m.ID) {
-				s.stats.Suppressed.Add(1)
-				s.acks <- it
-				continue
-			}
+			s.seq++
+			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true, seq: s.seq}
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {
 					if prev.chain == nil {
@@ -360,16 +374,54 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			}
 			its = append(its, it)
 		}
-		for _, it := range its {
+		now := time.Now()
+		for i, it := range its {
 			m := it.m
+			free := 0
 			s.mu.Lock()
 			s.outstanding[it] = struct{}{}
+			switch {
+			case m.NotBefore.After(now):
+				// Waiting on time, like a retry: not counted. Under
+				// holdKeys it parks its key.
+				it.hasToken = false
+				free++
+				if s.holdKeys && m.Key != "" {
+					it.parked = true
+					s.parked[m.Key]++
+				}
+			case s.holdKeys && m.Key != "" && s.parked[m.Key] > 0:
+				// Behind a parked head of its key.
+				it.hasToken = false
+				free++
+			}
 			s.mu.Unlock()
+			s.releaseTokens(free)
 			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
-				// Shutting down: give this one back unhandled.
-				s.settle(it, func(c context.Context) error { return s.drv.Release(c, []*adapters.Message{m}) })
+				// Shutting down: give this one and the rest back
+				// unhandled, all of them, so that none of a key is
+				// handled after one before it went back.
+				s.giveBack(its[i:])
+				break
 			}
 		}
+	}
+}
+
+// giveBack returns received items to the broker unhandled, without counting
+// an attempt, and forgets them.
+func (s *Subscriber) giveBack(its []*item) {
+	ms := make([]*adapters.Message, 0, len(its))
+	for _, it := range its {
+		ms = append(ms, it.m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.drv.Release(ctx, ms); err != nil {
+		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
+	}
+	for _, it := range its {
+		s.forget(it)
 	}
 }
 
@@ -403,11 +455,57 @@ func (s *Subscriber) releaseTokens(n int) {
 func (s *Subscriber) forget(it *item) {
 	s.mu.Lock()
 	delete(s.outstanding, it)
+	tok := it.hasToken
+	it.hasToken = false
 	s.mu.Unlock()
-	if it.hasToken {
-		it.hasToken = false
+	if tok {
 		s.releaseTokens(1)
 	}
+}
+
+// park gives back the token of an item that waits in process for its retry.
+// Under holdKeys it parks the item's key: the key's items already received
+// wait behind it and give back their tokens too.
+func (s *Subscriber) park(it *item) {
+	free := 0
+	s.mu.Lock()
+	if it.hasToken {
+		it.hasToken = false
+		free++
+	}
+	if key := it.m.Key; s.holdKeys && key != "" {
+		it.parked = true
+		s.parked[key]++
+		for o := range s.outstanding {
+			if o.hasToken && o.m.Key == key {
+				o.hasToken = false
+				free++
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.releaseTokens(free)
+}
+
+// unpark is called when a parked item's time has come.
+func (s *Subscriber) unpark(it *item) {
+	key := it.m.Key
+	s.mu.Lock()
+	it.parked = false
+	if s.parked[key]--; s.parked[key] <= 0 {
+		delete(s.parked, key)
+	}
+	s.mu.Unlock()
+}
+
+// drop forgets an item whose lease was lost: the broker redelivers it. The
+// rest of its chain must not run before that redelivery, so the chain goes
+// back too.
+func (s *Subscriber) drop(it *item) {
+	if it.chain != nil {
+		it.chain.broken.Store(true)
+	}
+	s.forget(it)
 }
 
 // ackBatchMax is the most acknowledgements sent in one driver call.
@@ -463,8 +561,18 @@ func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 // item's fate.
 func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.Result {
 	m := it.m
+	if it.parked {
+		s.unpark(it)
+	}
 	if it.lost.Load() {
-		s.forget(it)
+		s.drop(it)
+		return lanes.Done()
+	}
+	if s.acked.has(m.ID) {
+		// A redelivery of a message this process acknowledged, received
+		// before (or while) the original ran.
+		s.stats.Suppressed.Add(1)
+		s.acks <- it
 		return lanes.Done()
 	}
 	if it.chain != nil && it.chain.broken.Load() {
@@ -497,11 +605,14 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		return lanes.Done()
 	}
 	if it.lost.Load() {
-		s.forget(it) // the broker took it back; it counted the attempt
+		s.drop(it) // the broker took it back; it counted the attempt
 		return lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the message's fault.
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
 		return lanes.Done()
 	}
@@ -532,10 +643,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	// lease kept alive; its flow-control token is returned so other keys
 	// keep flowing.
 	it.attempt++
-	if it.hasToken {
-		it.hasToken = false
-		s.releaseTokens(1)
-	}
+	s.park(it)
 	return lanes.RetryAt(time.Now().Add(delay))
 }
 
@@ -606,11 +714,29 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		if err != nil {
 			s.cfg.Logger.Warn("keyorder: extending leases failed", "err", err)
 		}
+		if len(lost) == 0 {
+			continue
+		}
+		// An item settled while its lease was being extended is reported
+		// lost by brokers that forget settled messages: it was not.
+		var gone []*item
+		s.mu.Lock()
 		for _, m := range lost {
-			it := byMsg[m]
-			if it == nil || it.lost.Swap(true) {
-				continue
+			if it := byMsg[m]; it != nil && !it.lost.Load() {
+				if _, ok := s.outstanding[it]; ok {
+					gone = append(gone, it)
+				}
 			}
+		}
+		s.mu.Unlock()
+		// Mark later items first, and all before cancelling any handler: a
+		// lane that sees an item lost then sees its lost successors lost
+		// too, and does not run one in the moment between.
+		slices.SortFunc(gone, func(a, b *item) int { return cmp.Compare(b.seq, a.seq) })
+		for _, it := range gone {
+			it.lost.Store(true)
+		}
+		for _, it := range gone {
 			s.stats.LeasesLost.Add(1)
 			it.mu.Lock()
 			if it.cancel != nil {

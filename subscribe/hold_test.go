@@ -1,0 +1,231 @@
+package subscribe_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// log records handler starts in order.
+type startLog struct {
+	mu sync.Mutex
+	s  []string
+}
+
+func (l *startLog) add(id string) {
+	l.mu.Lock()
+	l.s = append(l.s, id)
+	l.mu.Unlock()
+}
+
+// stopOnce makes a stop function safe to defer and to call.
+func stopOnce(stop func()) func() {
+	var once sync.Once
+	return func() { once.Do(stop) }
+}
+
+func (l *startLog) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.s)
+}
+
+// A key parked in process (its head waiting for a retry) must hold only
+// itself: the successors the broker streams behind it must not use up the
+// flow-control budget and stop every other key.
+func TestParkedKeyDoesNotStarveOtherKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		var log startLog
+		_, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			if d.ID == "a1" && d.Attempt == 1 {
+				return keyorder.RetryAfter(errors.New("later"), time.Minute)
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		for _, id := range []string{"a1", "a2", "a3", "a4", "a5", "a6"} {
+			w.publish(t, id, "A")
+		}
+		synctest.Wait()
+		w.publish(t, "b1", "B")
+		synctest.Wait()
+		if got := log.get(); !slices.Contains(got, "b1") {
+			t.Fatalf("handled %v before a1's retry: key B was held by A's parked head", got)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		stop()
+		var a []string
+		for _, id := range log.get() {
+			if id[0] == 'a' {
+				a = append(a, id)
+			}
+		}
+		if want := []string{"a1", "a1", "a2", "a3", "a4", "a5", "a6"}; !slices.Equal(a, want) {
+			t.Fatalf("key A handled %v, want %v", a, want)
+		}
+	})
+}
+
+// The same for a key held by a message published with a delay.
+func TestDelayedKeyDoesNotStarveOtherKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		var log startLog
+		_, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		if err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: time.Now().Add(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"a2", "a3", "a4", "a5", "a6"} {
+			w.publish(t, id, "A")
+		}
+		synctest.Wait()
+		w.publish(t, "b1", "B")
+		synctest.Wait()
+		if got := log.get(); !slices.Equal(got, []string{"b1"}) {
+			t.Fatalf("handled %v before a1's not-before time, want just b1", got)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		stop()
+		if got, want := log.get(), []string{"b1", "a1", "a2", "a3", "a4", "a5", "a6"}; !slices.Equal(got, want) {
+			t.Fatalf("handled %v, want %v", got, want)
+		}
+	})
+}
+
+// leaseSkipper does not extend the lease of one message for a while, as
+// when one renewal fails or comes too late, while the others are renewed.
+type leaseSkipper struct {
+	adapters.Subscription
+	mu    sync.Mutex
+	id    string
+	until time.Time
+}
+
+func (s *leaseSkipper) skip(id string, d time.Duration) {
+	s.mu.Lock()
+	s.id, s.until = id, time.Now().Add(d)
+	s.mu.Unlock()
+}
+
+func (s *leaseSkipper) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	s.mu.Lock()
+	id, skipping := s.id, time.Now().Before(s.until)
+	s.mu.Unlock()
+	if skipping {
+		ms = slices.DeleteFunc(slices.Clone(ms), func(m *adapters.Message) bool { return m.ID == id })
+	}
+	return s.Subscription.ExtendLeases(ctx, ms)
+}
+
+// When the head of a chain (several messages of a key from one receive on a
+// broker that holds groups) loses its lease, the broker will redeliver it:
+// the rest of the chain must go back unhandled, not run before it.
+func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 2, LeaseDuration: 9 * time.Second})
+		w.publish(t, "a1", "A")
+		w.publish(t, "a2", "A")
+		raw, _ := w.b.OpenSubscription("s")
+		drv := &leaseSkipper{Subscription: raw}
+		var log startLog
+		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			if d.ID == "a1" && d.Attempt == 1 {
+				drv.skip("a1", 10*time.Second)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got, want := log.get(), []string{"a1", "a1", "a2"}; !slices.Equal(got, want) {
+			t.Fatalf("handled %v, want %v: a2 ran before a1 was redelivered", got, want)
+		}
+	})
+}
+
+// A redelivery that arrives while the original is still running (its lease
+// lost) waits behind it in its lane; once the original succeeds, the
+// redelivery is of an acknowledged message and must not run again.
+func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		drv := &stallingLeases{Subscription: raw}
+		var calls atomic.Int32
+		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			if calls.Add(1) == 1 {
+				drv.stall(30 * time.Second)
+				time.Sleep(20 * time.Second) // ignores its context
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if calls.Load() != 1 || s.Stats().Suppressed.Load() < 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and at least 1", calls.Load(), s.Stats().Suppressed.Load())
+		}
+	})
+}
+
+// slowExtend takes a while to renew leases, during which a handler may
+// finish and its message be acknowledged.
+type slowExtend struct {
+	adapters.Subscription
+}
+
+func (s slowExtend) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	time.Sleep(time.Second)
+	return s.Subscription.ExtendLeases(ctx, ms)
+}
+
+// A message acknowledged while its lease was being renewed is gone from the
+// broker by the time the renewal reaches it; that is not a lost lease.
+func TestSettledDuringExtensionIsNotLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		s, stop := w.start(t, slowExtend{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			time.Sleep(1500 * time.Millisecond) // finishes while the first renewal is under way
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		stop()
+		if n := s.Stats().LeasesLost.Load(); n != 0 || s.Stats().Acked.Load() != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want 0 and 1", n, s.Stats().Acked.Load())
+		}
+	})
+}
