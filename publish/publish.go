@@ -173,8 +173,12 @@ func (p *Publisher) Limits() adapters.Limits { return p.limits }
 // breaks a rule fails before anything is sent (keyorder.ErrMissingKey,
 // *keyorder.LimitError matching keyorder.ErrInvalidMessage); a paused key
 // fails with *keyorder.KeyPausedError; a broker error comes back as
-// *keyorder.Error. If ctx ends first, Publish returns ctx.Err() and the
-// message may still be sent.
+// *keyorder.Error. If ctx is already done, Publish returns ctx.Err() and
+// sends nothing. If ctx ends while the message waits for its key's batch in
+// flight, Publish returns ctx.Err() and the message stays queued in its place
+// and is sent (so a later publish of the key never overtakes it). A message
+// still unsent when Close gives up fails with an error matching
+// keyorder.ErrClosed.
 func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) error {
 	am, err := p.prepare(m)
 	if err != nil {
@@ -244,6 +248,9 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 
 // enqueue queues ms behind their keys' in-flight batches and waits.
 func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	reqs := make([]*request, 0, len(ms))
 	var errs []error
 	p.mu.Lock()
@@ -386,6 +393,10 @@ func (p *Publisher) send(batch []*request) error {
 			t.Stop()
 		}
 	}
+	if p.ctx.Err() != nil {
+		// Close gave up waiting: the caller's context is not what ended.
+		return fmt.Errorf("%w: the publisher was closed before the send completed (%v)", keyorder.ErrClosed, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
@@ -418,7 +429,8 @@ func (p *Publisher) ResumeAll() int {
 }
 
 // Close stops accepting messages, waits for queued ones to be sent (until
-// ctx ends; then sends in progress are cancelled) and closes the driver.
+// ctx ends; then sends in progress are cancelled and every message not sent
+// fails with an error matching keyorder.ErrClosed) and closes the driver.
 // Publishing after Close returns keyorder.ErrClosed.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.mu.Lock()
