@@ -229,3 +229,46 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 		}
 	})
 }
+
+// In-process hold: the head of a key is parked for its retry when its lease
+// (and those of the messages behind it) is lost; the broker redelivers the
+// key from the head. The stale copies must not run, and the redelivered
+// head runs before the rest.
+func TestLeaseLostWhileParkedInProcess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		drv := &stallingLeases{Subscription: raw}
+		var log startLog
+		var attempts []int
+		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			if d.ID == "a1" {
+				attempts = append(attempts, d.Attempt)
+				if d.Attempt == 1 {
+					drv.stall(15 * time.Second) // the leases of a1..a3 run out while a1 is parked
+					return keyorder.RetryAfter(errors.New("later"), 30*time.Second)
+				}
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.pub.PublishBatch(context.Background(), []*keyorder.Message{
+			{ID: "a1", Key: "A", Payload: []byte("1")}, {ID: "a2", Key: "A", Payload: []byte("2")}, {ID: "a3", Key: "A", Payload: []byte("3")},
+		})
+		time.Sleep(20 * time.Second)
+		if got := log.get(); !slices.Equal(got, []string{"a1"}) {
+			t.Fatalf("handled %v while a1 was parked", got)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got, want := log.get(), []string{"a1", "a1", "a2", "a3"}; !slices.Equal(got, want) {
+			t.Fatalf("handled %v, want %v", got, want)
+		}
+		if attempts[1] < 2 || s.Stats().LeasesLost.Load() != 3 {
+			t.Fatalf("a1 attempts %v, leases lost %d; want the retry counted and 3 lost", attempts, s.Stats().LeasesLost.Load())
+		}
+	})
+}
