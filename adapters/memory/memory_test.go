@@ -135,3 +135,25 @@ func TestURLParameters(t *testing.T) {
 		t.Fatalf("payload over maxpayload = %v", err)
 	}
 }
+
+// A message settles only on the subscription that delivered it.
+func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
+	b := memory.NewBroker()
+	b.CreateSubscription("t", "s1", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	b.CreateSubscription("t", "s2", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	send(t, b, [2]string{"m1", "k"})
+	ctx := context.Background()
+	c1, _ := b.OpenSubscription("s1")
+	c2, _ := b.OpenSubscription("s2")
+	m1, _ := c1.Receive(ctx, 1)
+	m2, _ := c2.Receive(ctx, 1)
+	if err := c2.Ack(ctx, m1); err == nil {
+		t.Fatal("s2 acknowledged a message s1 delivered")
+	}
+	if lost, _ := c2.ExtendLeases(ctx, m2); len(lost) != 0 {
+		t.Fatalf("s2's own lease was settled by the foreign ack")
+	}
+	if err := c2.Ack(ctx, m2); err != nil {
+		t.Fatal(err)
+	}
+}
