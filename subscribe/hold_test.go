@@ -272,3 +272,28 @@ func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 		}
 	})
 }
+
+// A handler may keep the Delivery it was given: a retry of the message gets
+// a Delivery of its own.
+func TestKeptDeliveryIsNotReused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		var kept []*keyorder.Delivery
+		_, stop := w.start(t, nil, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			kept = append(kept, d)
+			if d.Attempt == 1 {
+				return errors.New("once")
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if len(kept) != 2 || kept[0].Attempt != 1 || kept[1].Attempt != 2 {
+			t.Fatalf("kept deliveries have attempts %d and %d, want 1 and 2", kept[0].Attempt, kept[len(kept)-1].Attempt)
+		}
+	})
+}

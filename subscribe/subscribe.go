@@ -188,6 +188,11 @@ type item struct {
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
+
+	// d is the first attempt's Delivery, allocated with the item; later
+	// attempts get their own, since a handler may keep the one it was given.
+	d      keyorder.Delivery
+	called bool
 }
 
 // chain links consecutive messages of one key received together from a
@@ -331,6 +336,7 @@ func (s *Subscriber) Close() error { return s.drv.Close() }
 // permanent error occurs.
 func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 	failures := 0
+	var its []*item
 	for {
 		n, err := s.acquire(ctx)
 		if err != nil {
@@ -358,7 +364,8 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		}
 		failures = 0
 		// Link chains before any item reaches a lane.
-		its := make([]*item, 0, len(ms))
+		clear(its)
+		its = its[:0]
 		var prev *item
 		for _, m := range ms {
 			s.seq++
@@ -511,6 +518,13 @@ func (s *Subscriber) drop(it *item) {
 // ackBatchMax is the most acknowledgements sent in one driver call.
 const ackBatchMax = 256
 
+// Each Ack call gets at least ackTimeout; one context serves the calls of
+// ackCtxReuse, so a busy acker does not allocate a timer per call.
+const (
+	ackTimeout  = 30 * time.Second
+	ackCtxReuse = 5 * time.Second
+)
+
 // acker sends acknowledgements in batches: it takes what has queued up
 // while the previous call ran, so an idle subscriber acks at once and a busy
 // one makes one round trip for many messages.
@@ -518,6 +532,8 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 	defer close(done)
 	batch := make([]*item, 0, ackBatchMax)
 	ms := make([]*adapters.Message, 0, ackBatchMax)
+	var actx timeoutCtx
+	defer actx.stop()
 	for it := range s.acks {
 		batch = append(batch[:0], it)
 	more:
@@ -536,14 +552,37 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 		for _, it := range batch {
 			ms = append(ms, it.m)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := s.drv.Ack(ctx, ms); err != nil {
+		if err := s.drv.Ack(actx.get(), ms); err != nil {
 			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 		}
-		cancel()
 		for _, it := range batch {
 			s.forget(it)
 		}
+		clear(batch)
+		clear(ms)
+	}
+}
+
+// timeoutCtx hands out a context with at least ackTimeout left, making a new
+// one only when the current one has less.
+type timeoutCtx struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+}
+
+func (t *timeoutCtx) get() context.Context {
+	if t.ctx == nil || time.Until(t.deadline) < ackTimeout {
+		t.stop()
+		t.deadline = time.Now().Add(ackTimeout + ackCtxReuse)
+		t.ctx, t.cancel = context.WithDeadline(context.Background(), t.deadline)
+	}
+	return t.ctx
+}
+
+func (t *timeoutCtx) stop() {
+	if t.cancel != nil {
+		t.cancel()
 	}
 }
 
@@ -663,7 +702,12 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 	if m.Key != "" {
 		headers[keyorder.HeaderPartitionKey] = m.Key
 	}
-	d := &keyorder.Delivery{
+	d := &it.d
+	if it.called {
+		d = new(keyorder.Delivery)
+	}
+	it.called = true
+	*d = keyorder.Delivery{
 		Message: keyorder.Message{
 			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore,
 		},
