@@ -157,3 +157,31 @@ func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// InProcess: returning a key's head returns the key's later deliveries with
+// it; none of them counts an attempt, and returning them all together is not
+// an error.
+func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
+	b := memory.NewBroker()
+	b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+	send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"})
+	ctx := context.Background()
+	c, _ := b.OpenSubscription("s")
+	got, _ := c.Receive(ctx, 10)
+	if err := c.Release(ctx, got); err != nil {
+		t.Fatalf("releasing a1 a2 a3 = %v", err)
+	}
+	again, _ := c.Receive(ctx, 10)
+	if err := c.Release(ctx, again[:1]); err != nil { // a2, a3 come back with a1
+		t.Fatal(err)
+	}
+	last, _ := c.Receive(ctx, 10)
+	for _, m := range last {
+		if m.Attempt != 1 {
+			t.Fatalf("after two releases got %v with %s at attempt %d, want every attempt 1", ids(last), m.ID, m.Attempt)
+		}
+	}
+	if !slices.Equal(ids(last), []string{"a1", "a2", "a3"}) {
+		t.Fatalf("got %v", ids(last))
+	}
+}

@@ -267,11 +267,20 @@ func (s *subscription) expire(now time.Time) {
 }
 
 func (s *subscription) settle(ms []*adapters.Message, fn func(l *lease, now time.Time)) error {
+	return s.settleOrder(ms, false, fn)
+}
+
+// settleOrder settles ms, last first if backwards.
+func (s *subscription) settleOrder(ms []*adapters.Message, backwards bool, fn func(l *lease, now time.Time)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	var err error
-	for _, m := range ms {
+	for i := range ms {
+		m := ms[i]
+		if backwards {
+			m = ms[len(ms)-1-i]
+		}
 		l, ok := s.leaseOf(m)
 		if !ok {
 			if err == nil {
@@ -339,6 +348,9 @@ func (s *subscription) retry(l *lease, at time.Time, counted bool) {
 		for _, o := range k.log[i+1 : k.delivered] {
 			if o.lease != nil {
 				s.dropLease(o.lease)
+				if !counted {
+					o.attempts-- // returned unhandled with e
+				}
 			}
 			o.acked = false
 			back = append(back, o)
