@@ -267,7 +267,7 @@ func publishDelayHoldsGroup(f *fixture) {
 // budget other groups need.)
 func heldGroupWithBacklog(f *fixture) {
 	const backlog = 12
-	hold := 8 * f.unit
+	hold := 20 * f.unit
 	p := f.publisher(nil)
 	f.publish(p, "a01:A")
 	if err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
@@ -281,10 +281,10 @@ func heldGroupWithBacklog(f *fixture) {
 	f.publish(p, a...)
 	f.publish(p, d...)
 	f.subscribe(&subscribe.Config{Workers: 2}, failOnce("a01", keyorder.RetryAfter(errors.New("later"), hold)))
-	f.waitFor(4, "a01 failed", func() bool { return len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0 })
+	f.waitFor(20, "a01 failed", func() bool { return len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0 })
 	begin := time.Now()
 	f.publish(p, "b1:B", "b2:B", "b3:B")
-	f.waitFor(4, "group B handled while A and D are held", func() bool { return len(f.rec.succeeded("B")) == 3 })
+	f.waitFor(10, "group B handled while A and D are held", func() bool { return len(f.rec.succeeded("B")) == 3 })
 	if waited := time.Since(begin); waited >= hold/2 {
 		f.t.Fatalf("group B took %v, waiting on the held groups", waited)
 	}
@@ -294,7 +294,7 @@ func heldGroupWithBacklog(f *fixture) {
 	if got := f.rec.starts("D"); len(got) != 0 {
 		f.t.Fatalf("group D ran %v before d01's not-before time", got)
 	}
-	f.waitFor(40, "both backlogs handled", func() bool {
+	f.waitFor(60, "both backlogs handled", func() bool {
 		return len(f.rec.succeeded("A")) == backlog && len(f.rec.succeeded("D")) == backlog
 	})
 	for _, key := range []string{"A", "D"} {
