@@ -3,6 +3,7 @@ package subscribe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -294,6 +295,47 @@ func TestKeptDeliveryIsNotReused(t *testing.T) {
 		stop()
 		if len(kept) != 2 || kept[0].Attempt != 1 || kept[1].Attempt != 2 {
 			t.Fatalf("kept deliveries have attempts %d and %d, want 1 and 2", kept[0].Attempt, kept[len(kept)-1].Attempt)
+		}
+	})
+}
+
+// errWithMessages returns its first receive's messages together with a
+// transient error.
+type errWithMessages struct {
+	adapters.Subscription
+	once sync.Once
+}
+
+func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*adapters.Message, error) {
+	ms, err := e.Subscription.Receive(ctx, n)
+	failed := false
+	e.once.Do(func() { failed = true })
+	if err == nil && failed {
+		return ms, fmt.Errorf("stream broke: %w", memory.Transient)
+	}
+	return ms, err
+}
+
+// Messages a driver returns along with an error go back to the broker and
+// give back their flow-control tokens.
+func TestReceiveErrorWithMessagesLeaksNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		raw, _ := w.b.OpenSubscription("s")
+		var log startLog
+		_, stop := w.start(t, &errWithMessages{Subscription: raw}, &subscribe.Config{MaxOutstanding: 1}, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		w.publish(t, "m2", "k")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got := log.get(); !slices.Equal(got, []string{"m1", "m2"}) {
+			t.Fatalf("handled %v, want m1 m2", got)
 		}
 	})
 }

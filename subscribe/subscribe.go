@@ -74,9 +74,12 @@ type Config struct {
 	// Retry is the attempt budget and backoff. MaxAttempts defaults to
 	// policy.MaxAttemptsDefault.
 	Retry policy.Retry
-	// MaxOutstanding bounds the messages received and not yet finished
-	// (held messages waiting for a retry are not counted; the lanes bound
-	// them). Defaults to 2×Workers.
+	// MaxOutstanding bounds the messages received and not yet finished.
+	// Messages waiting in process on a time (a retry or a not-before time)
+	// are not counted, nor, under Ordered where the process holds groups,
+	// the messages of their key behind them: a held key must not stop the
+	// others. The lanes bound those (see lanes.Config.Capacity). Defaults to
+	// 2×Workers.
 	MaxOutstanding int
 	// ShutdownTimeout is how long Run waits for running handlers after its
 	// context ends. Defaults to ShutdownTimeoutDefault.
@@ -344,6 +347,15 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		}
 		ms, err := s.drv.Receive(ctx, n)
 		s.releaseTokens(n - len(ms))
+		if err != nil && len(ms) > 0 {
+			// Messages that came with an error go back unhandled; their
+			// tokens with them.
+			its = its[:0]
+			for _, m := range ms {
+				its = append(its, &item{m: m, hasToken: true})
+			}
+			s.giveBack(its)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
