@@ -339,3 +339,58 @@ func TestReceiveErrorWithMessagesLeaksNothing(t *testing.T) {
 		}
 	})
 }
+
+// visibilityDriver records, like a broker where a lease renewal and a nack
+// both set a message's visibility, whether a renewal reached the broker
+// after the message had been nacked (which would undo the nack's delay).
+type visibilityDriver struct {
+	adapters.Subscription
+	mu     sync.Mutex
+	nacked map[string]bool
+	undone []string
+}
+
+func (v *visibilityDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	time.Sleep(time.Second) // on its way to the broker
+	v.mu.Lock()
+	for _, m := range ms {
+		if v.nacked[m.ID] {
+			v.undone = append(v.undone, m.ID)
+		}
+	}
+	v.mu.Unlock()
+	return v.Subscription.ExtendLeases(ctx, ms)
+}
+
+func (v *visibilityDriver) Nack(ctx context.Context, m *adapters.Message, d time.Duration) error {
+	v.mu.Lock()
+	v.nacked[m.ID] = true
+	v.mu.Unlock()
+	return v.Subscription.Nack(ctx, m, d)
+}
+
+// A renewal under way when a handler fails must not reach the broker after
+// the nack.
+func TestNoLeaseRenewalAfterNack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		drv := &visibilityDriver{Subscription: raw, nacked: map[string]bool{}}
+		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			if d.Attempt == 1 {
+				time.Sleep(1500 * time.Millisecond) // fails while the first renewal is under way
+				return errors.New("fail")
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		stop()
+		if len(drv.undone) != 0 {
+			t.Fatalf("lease renewals of %v reached the broker after their nack", drv.undone)
+		}
+	})
+}

@@ -188,6 +188,9 @@ type item struct {
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	parked   bool // counted in Subscriber.parked
+	// round is closed when the last lease renewal that included the item
+	// has returned.
+	round chan struct{}
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -296,18 +299,15 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	leftover, _ := pool.Close(sctx)
 	cancel()
 	if len(leftover) > 0 {
-		ms := make([]*adapters.Message, 0, len(leftover))
+		live := leftover[:0]
 		for _, it := range leftover {
-			if !it.lost.Load() {
-				ms = append(ms, it.m)
+			if it.lost.Load() {
+				s.forget(it)
+			} else {
+				live = append(live, it)
 			}
-			s.forget(it)
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		if err := s.drv.Release(rctx, ms); err != nil {
-			s.cfg.Logger.Warn("keyorder: releasing unhandled messages at shutdown", "err", err)
-		}
-		cancel()
+		s.giveBack(live)
 	}
 	close(s.acks)
 	<-ackDone
@@ -434,13 +434,36 @@ func (s *Subscriber) giveBack(its []*item) {
 	for _, it := range its {
 		ms = append(ms, it.m)
 	}
+	if len(ms) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.drv.Release(ctx, ms); err != nil {
+	s.detach(its...)
+	err := s.drv.Release(ctx, ms)
+	if err != nil {
 		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
 	}
 	for _, it := range its {
 		s.forget(it)
+	}
+}
+
+// detach takes items out of outstanding before they are handed back (Nack,
+// Release, DeadLetter), so no later lease renewal includes them, and waits
+// for a renewal under way that does: on brokers where a renewal and a
+// hand-back both set a message's visibility, a renewal reaching the broker
+// after the hand-back would undo it.
+func (s *Subscriber) detach(its ...*item) {
+	s.mu.Lock()
+	for _, it := range its {
+		delete(s.outstanding, it)
+	}
+	s.mu.Unlock()
+	for _, it := range its {
+		if it.round != nil {
+			<-it.round
+		}
 	}
 }
 
@@ -602,7 +625,9 @@ func (t *timeoutCtx) stop() {
 func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := call(ctx); err != nil {
+	s.detach(it)
+	err := call(ctx)
+	if err != nil {
 		s.cfg.Logger.Warn("keyorder: settling message failed; the broker will redeliver it", "id", it.m.ID, "key", it.m.Key, "err", err)
 	}
 	s.forget(it)
@@ -754,19 +779,21 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		case <-t.C:
 		}
 		s.mu.Lock()
-		its := make([]*item, 0, len(s.outstanding))
+		if len(s.outstanding) == 0 {
+			s.mu.Unlock()
+			continue
+		}
+		round := make(chan struct{})
 		ms := make([]*adapters.Message, 0, len(s.outstanding))
 		byMsg := make(map[*adapters.Message]*item, len(s.outstanding))
 		for it := range s.outstanding {
-			its = append(its, it)
 			ms = append(ms, it.m)
 			byMsg[it.m] = it
+			it.round = round
 		}
 		s.mu.Unlock()
-		if len(ms) == 0 {
-			continue
-		}
 		lost, err := s.drv.ExtendLeases(ctx, ms)
+		close(round)
 		if err != nil {
 			s.cfg.Logger.Warn("keyorder: extending leases failed", "err", err)
 		}
