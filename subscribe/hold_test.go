@@ -394,3 +394,37 @@ func TestNoLeaseRenewalAfterNack(t *testing.T) {
 		}
 	})
 }
+
+// slowAckReturn acknowledges at once but is slow to return, as a call
+// whose reply is delayed.
+type slowAckReturn struct {
+	adapters.Subscription
+}
+
+func (s slowAckReturn) Ack(ctx context.Context, ms []*adapters.Message) error {
+	err := s.Subscription.Ack(ctx, ms)
+	time.Sleep(2 * time.Second)
+	return err
+}
+
+// A renewal while an acknowledgement is on its way back does not count the
+// acknowledged message as a lost lease.
+func TestAckedDuringExtensionIsNotLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := w.b.OpenSubscription("s")
+		s, stop := w.start(t, slowAckReturn{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			time.Sleep(500 * time.Millisecond)
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "m1", "k")
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		stop()
+		if n := s.Stats().LeasesLost.Load(); n != 0 {
+			t.Fatalf("leases lost = %d, want 0", n)
+		}
+	})
+}

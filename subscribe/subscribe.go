@@ -584,9 +584,12 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 			}
 		}
 		ms = ms[:0]
+		s.mu.Lock() // out of outstanding: a renewal now does not call them lost
 		for _, it := range batch {
 			ms = append(ms, it.m)
+			delete(s.outstanding, it)
 		}
+		s.mu.Unlock()
 		if err := s.drv.Ack(actx.get(), ms); err != nil {
 			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 		}
