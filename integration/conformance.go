@@ -58,6 +58,7 @@ var cases = []testCase{
 	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
+	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported
@@ -740,5 +741,31 @@ func shutdownMidStream(f *fixture) {
 		if !slices.Equal(firstDone, names) {
 			f.t.Errorf("key %s completed in order %v, published %v", key, firstDone, names)
 		}
+	}
+}
+
+// shutdownWhileHeld stops a subscriber while a group waits for a retry
+// (RetryAfter) with messages behind it, and another group has finished: the
+// next subscriber handles the held group from its head, in order, and
+// nothing is lost or dead-lettered.
+func shutdownWhileHeld(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A", "a3:A", "b1:B", "b2:B")
+	first := f.subscribe(&subscribe.Config{Workers: 2, Retry: policy.Retry{MaxAttempts: 3}},
+		failOnce("a1", keyorder.RetryAfter(errors.New("later"), 30*f.unit)))
+	f.waitFor(20, "a1 failed and group B handled", func() bool {
+		return len(f.rec.succeeded("B")) == 2 && len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0
+	})
+	first.stop(f.t)
+	second := f.subscribe(&subscribe.Config{Workers: 2, Retry: policy.Retry{MaxAttempts: 3}}, nil)
+	f.waitFor(60, "group A handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a3") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a2", "a3"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v", got, want)
+	}
+	if got := f.rec.starts("B"); !slices.Equal(got, []string{"b1", "b2"}) {
+		f.t.Fatalf("group B handled %v, want b1 b2 once each", got)
+	}
+	if n := first.sub.Stats().DeadLettered.Load() + second.sub.Stats().DeadLettered.Load(); n != 0 {
+		f.t.Fatalf("%d messages dead-lettered", n)
 	}
 }
