@@ -443,11 +443,11 @@ func (p *Publisher) send(batch []*request, buf *[]*adapters.Message) error {
 			t.Stop()
 		}
 	}
-	if p.ctx.Err() != nil {
-		// Close gave up waiting: the caller's context is not what ended.
-		return fmt.Errorf("%w: the publisher was closed before the send completed (%v)", keyorder.ErrClosed, err)
-	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if p.ctx.Err() != nil {
+			// Close gave up waiting: no caller's context ended.
+			return fmt.Errorf("%w: the publisher was closed before the send completed", keyorder.ErrClosed)
+		}
 		return err
 	}
 	return &keyorder.Error{Code: p.drv.ErrorCode(err), Op: "publish", Err: err}
