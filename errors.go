@@ -45,6 +45,7 @@ type LimitError struct {
 	Backend string
 }
 
+// Error implements error.
 func (e *LimitError) Error() string {
 	if e.Max > 0 {
 		return fmt.Sprintf("keyorder: %s %d exceeds the %s limit of %d", e.Limit, e.Got, e.Backend, e.Max)
@@ -62,6 +63,7 @@ type KeyPausedError struct {
 	Cause error
 }
 
+// Error implements error.
 func (e *KeyPausedError) Error() string {
 	return fmt.Sprintf("keyorder: key %q is paused after a failed publish: %v", e.Key, e.Cause)
 }
@@ -88,6 +90,7 @@ func RetryAfter(err error, d time.Duration) error {
 	return &RetryError{Err: err, After: d}
 }
 
+// Error implements error.
 func (e *RetryError) Error() string {
 	return fmt.Sprintf("retry after %v: %v", e.After, e.Err)
 }
@@ -102,6 +105,7 @@ type PermanentError struct{ Err error }
 // Permanent wraps err so that the message is dead-lettered at once.
 func Permanent(err error) error { return &PermanentError{Err: err} }
 
+// Error implements error.
 func (e *PermanentError) Error() string { return fmt.Sprintf("permanent: %v", e.Err) }
 
 // Unwrap returns the wrapped error.
@@ -113,6 +117,7 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error implements error.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
 
 // ErrorCode classifies a backend error so the portable layer can decide what
@@ -140,6 +145,7 @@ type Error struct {
 	Err  error
 }
 
+// Error implements error.
 func (e *Error) Error() string { return fmt.Sprintf("keyorder: %s: %v", e.Op, e.Err) }
 
 // Unwrap returns the driver error and the code's sentinel, if any.

@@ -127,6 +127,7 @@ type URLError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *URLError) Error() string { return fmt.Sprintf("keyorder: open %q: %v", e.URL, e.Err) }
 
 // Unwrap returns the cause.

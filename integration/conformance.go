@@ -45,6 +45,7 @@ var cases = []testCase{
 	{"LedgerOrderedDeadLetter", Spec{Ordering: policy.Ordered}, ledgerDeadLetter},
 	{"RetryAfterHoldsOnlyItsGroup", Spec{Ordering: policy.Ordered}, retryAfterHoldsOnlyItsGroup},
 	{"PublishDelayHoldsGroup", Spec{Ordering: policy.Ordered}, publishDelayHoldsGroup},
+	{"HeldGroupWithBacklogHoldsOnlyItself", Spec{Ordering: policy.Ordered}, heldGroupWithBacklog},
 	{"DeadLetterThenGroupContinues", Spec{Ordering: policy.Ordered}, deadLetterThenContinue},
 	{"RedriveOrder", Spec{Ordering: policy.Ordered}, redriveOrder},
 	{"MissingKeyRejectVsUnordered", Spec{Ordering: policy.Ordered}, missingKey},
@@ -57,6 +58,7 @@ var cases = []testCase{
 	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
+	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported
@@ -256,6 +258,57 @@ func publishDelayHoldsGroup(f *fixture) {
 	a1, _ := f.rec.firstEvent(func(e event) bool { return e.start && e.name == "a1" })
 	if a1.at.Before(start.Add(delay)) {
 		f.t.Fatalf("a1 ran %v after publish, before its delay %v", a1.at.Sub(start), delay)
+	}
+}
+
+// heldGroupWithBacklog: a group held by a retry delay, or by a publish
+// delay, with many messages behind it holds only itself, however few
+// workers and however small the flow-control budget. (Where the process
+// holds groups, the broker streams the backlog in; it must not fill the
+// budget other groups need.)
+func heldGroupWithBacklog(f *fixture) {
+	const backlog = 12
+	hold := 20 * f.unit
+	p := f.publisher(nil)
+	f.publish(p, "a01:A")
+	if err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
+		f.t.Fatal(err)
+	}
+	var a, d []string
+	for i := 2; i <= backlog; i++ {
+		a = append(a, fmt.Sprintf("a%02d:A", i))
+		d = append(d, fmt.Sprintf("d%02d:D", i))
+	}
+	f.publish(p, a...)
+	f.publish(p, d...)
+	f.subscribe(&subscribe.Config{Workers: 2}, failOnce("a01", keyorder.RetryAfter(errors.New("later"), hold)))
+	f.waitFor(20, "a01 failed", func() bool { return len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0 })
+	begin := time.Now()
+	f.publish(p, "b1:B", "b2:B", "b3:B")
+	f.waitFor(10, "group B handled while A and D are held", func() bool { return len(f.rec.succeeded("B")) == 3 })
+	if waited := time.Since(begin); waited >= hold/2 {
+		f.t.Fatalf("group B took %v, waiting on the held groups", waited)
+	}
+	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a01"}) {
+		f.t.Fatalf("group A ran %v during a01's retry delay", got)
+	}
+	if got := f.rec.starts("D"); len(got) != 0 {
+		f.t.Fatalf("group D ran %v before d01's not-before time", got)
+	}
+	f.waitFor(60, "both backlogs handled", func() bool {
+		return len(f.rec.succeeded("A")) == backlog && len(f.rec.succeeded("D")) == backlog
+	})
+	for _, key := range []string{"A", "D"} {
+		var want []string
+		if key == "A" {
+			want = append(want, "a01")
+		}
+		for i := 1; i <= backlog; i++ {
+			want = append(want, fmt.Sprintf("%s%02d", strings.ToLower(key), i))
+		}
+		if got := f.rec.starts(key); !slices.Equal(got, want) {
+			f.t.Fatalf("group %s handled %v, want %v", key, got, want)
+		}
 	}
 }
 
@@ -688,5 +741,31 @@ func shutdownMidStream(f *fixture) {
 		if !slices.Equal(firstDone, names) {
 			f.t.Errorf("key %s completed in order %v, published %v", key, firstDone, names)
 		}
+	}
+}
+
+// shutdownWhileHeld stops a subscriber while a group waits for a retry
+// (RetryAfter) with messages behind it, and another group has finished: the
+// next subscriber handles the held group from its head, in order, and
+// nothing is lost or dead-lettered.
+func shutdownWhileHeld(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "a1:A", "a2:A", "a3:A", "b1:B", "b2:B")
+	first := f.subscribe(&subscribe.Config{Workers: 2, Retry: policy.Retry{MaxAttempts: 3}},
+		failOnce("a1", keyorder.RetryAfter(errors.New("later"), 30*f.unit)))
+	f.waitFor(20, "a1 failed and group B handled", func() bool {
+		return len(f.rec.succeeded("B")) == 2 && len(f.rec.starts("A")) == 1 && len(f.rec.runningNow()) == 0
+	})
+	first.stop(f.t)
+	second := f.subscribe(&subscribe.Config{Workers: 2, Retry: policy.Retry{MaxAttempts: 3}}, nil)
+	f.waitFor(60, "group A handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a3") })
+	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a2", "a3"}; !slices.Equal(got, want) {
+		f.t.Fatalf("group A handled %v, want %v", got, want)
+	}
+	if got := f.rec.starts("B"); !slices.Equal(got, []string{"b1", "b2"}) {
+		f.t.Fatalf("group B handled %v, want b1 b2 once each", got)
+	}
+	if n := first.sub.Stats().DeadLettered.Load() + second.sub.Stats().DeadLettered.Load(); n != 0 {
+		f.t.Fatalf("%d messages dead-lettered", n)
 	}
 }

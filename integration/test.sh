@@ -1,5 +1,17 @@
 #!/usr/bin/env bash
-# The README's test command: every test, with the race detector.
+# Runs keyorder's test suite against real servers: PostgreSQL, Google's Pub/Sub
+# emulator, ElasticMQ (SQS) and a Pulsar standalone broker, all started on
+# 127.0.0.1 by integration/cmd/testenv and stopped again when the tests end.
+# Extra arguments go to `go test`, e.g. ./integration/test.sh -run TestPulsar -v
+# Environment: KEYORDER_TEST_PACKAGES (default ./...), KEYORDER_MVN_ARGS
+# (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec go test -race -count=1 ./... "$@"
+
+# Build the launcher and exec it, so that signals sent to this script (Ctrl-C,
+# SIGTERM from CI) reach the launcher directly and it stops the servers.
+mkdir -p .testenv/bin
+go build -o .testenv/bin/testenv ./integration/cmd/testenv
+# shellcheck disable=SC2086 # TESTENV_FLAGS and KEYORDER_TEST_PACKAGES are word lists
+exec .testenv/bin/testenv run ${TESTENV_FLAGS:-} -- \
+	go test -race -count=1 ${KEYORDER_TEST_PACKAGES:-./...} "$@"

@@ -66,8 +66,9 @@ type Assignment int
 
 const (
 	// ByKey hashes the key onto Config.Workers lanes with one worker each:
-	// one key always runs on one lane, in submission order. Keyless items
-	// are spread over the lanes round-robin.
+	// one key always runs on one lane, in submission order. (The hash is
+	// seeded per Pool: the same key may land on another lane in another
+	// Pool.) Keyless items are spread over the lanes round-robin.
 	ByKey Assignment = iota
 	// Shared uses one lane served by Config.Workers workers: any free worker
 	// takes the oldest deliverable item.
@@ -168,8 +169,9 @@ type Stats struct {
 	InFlight int
 }
 
-// Pool runs items on keyed worker lanes. Create it with New; its methods are
-// safe for concurrent use.
+// Pool runs items on keyed worker lanes. Create it with New and stop it with
+// Close, which also ends its goroutines; its methods are safe for concurrent
+// use.
 type Pool[T any] struct {
 	handler  Handler[T]
 	lanes    []*lane[T]
@@ -289,8 +291,11 @@ func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
 // under Exclusive and Parallel later items of its key may run first.
 //
 // Submit blocks while the lane already holds Config.Capacity waiting items;
-// if ctx ends first it returns ctx.Err(). Once Close has started it returns
-// keyorder.ErrClosed.
+// if ctx ends first it returns ctx.Err() (a Submit that finds room does not
+// look at ctx). Once Close has started it returns keyorder.ErrClosed.
+//
+// A handler may call Submit, but if it blocks on a full lane whose workers
+// are all inside such calls, nothing frees space: give it a ctx that ends.
 func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore time.Time, v T) error {
 	if !keyed {
 		key = ""

@@ -117,6 +117,7 @@ type Publisher struct {
 	mu      sync.Mutex
 	closed  bool
 	keys    map[string]*keyQueue
+	spare   []*keyQueue // finished queues kept for reuse
 	paused  map[string]error
 	senders sync.WaitGroup
 	stop    context.CancelFunc
@@ -125,11 +126,37 @@ type Publisher struct {
 
 type keyQueue struct {
 	pending []*request
+	batch   []*request          // the batch in flight
+	ms      []*adapters.Message // its messages, for the driver
 }
 
+// spareMax bounds the finished key queues kept for reuse.
+const spareMax = 1024
+
 type request struct {
-	m    *adapters.Message
-	done chan error
+	m *adapters.Message
+	c *call
+}
+
+// call is one Publish or PublishBatch waiting for its requests.
+type call struct {
+	mu   sync.Mutex
+	left int
+	errs []error
+	done chan struct{} // closed when left reaches 0
+}
+
+// finish records the outcome of r.
+func (r *request) finish(err error) {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil && !slices.ContainsFunc(c.errs, func(e error) bool { return e == err }) {
+		c.errs = append(c.errs, err)
+	}
+	if c.left--; c.left == 0 {
+		close(c.done)
+	}
 }
 
 // Open opens a Publisher for the topic named by urlstr, through the scheme
@@ -173,8 +200,12 @@ func (p *Publisher) Limits() adapters.Limits { return p.limits }
 // breaks a rule fails before anything is sent (keyorder.ErrMissingKey,
 // *keyorder.LimitError matching keyorder.ErrInvalidMessage); a paused key
 // fails with *keyorder.KeyPausedError; a broker error comes back as
-// *keyorder.Error. If ctx ends first, Publish returns ctx.Err() and the
-// message may still be sent.
+// *keyorder.Error. If ctx is already done, Publish returns ctx.Err() and
+// sends nothing. If ctx ends while the message waits for its key's batch in
+// flight, Publish returns ctx.Err() and the message stays queued in its place
+// and is sent (so a later publish of the key never overtakes it). A message
+// still unsent when Close gives up fails with an error matching
+// keyorder.ErrClosed.
 func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) error {
 	am, err := p.prepare(m)
 	if err != nil {
@@ -244,8 +275,14 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 
 // enqueue queues ms behind their keys' in-flight batches and waits.
 func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
-	reqs := make([]*request, 0, len(ms))
-	var errs []error
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(ms) == 0 {
+		return nil
+	}
+	reqs := make([]request, len(ms))
+	c := &call{left: len(ms), done: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -260,16 +297,22 @@ func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
 		}
 	}
 	var keyless []*request
-	for _, m := range ms {
-		r := &request{m: m, done: make(chan error, 1)}
-		reqs = append(reqs, r)
+	for i, m := range ms {
+		r := &reqs[i]
+		r.m, r.c = m, c
 		if m.Key == "" {
 			keyless = append(keyless, r)
 			continue
 		}
 		kq, ok := p.keys[m.Key]
 		if !ok {
-			kq = &keyQueue{}
+			if n := len(p.spare); n > 0 {
+				kq = p.spare[n-1]
+				p.spare[n-1] = nil
+				p.spare = p.spare[:n-1]
+			} else {
+				kq = &keyQueue{}
+			}
 			p.keys[m.Key] = kq
 			p.senders.Add(1)
 			go p.sendKey(m.Key, kq)
@@ -281,17 +324,14 @@ func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
 		go p.sendKeyless(keyless)
 	}
 	p.mu.Unlock()
-	for _, r := range reqs {
-		select {
-		case err := <-r.done:
-			if err != nil && !slices.ContainsFunc(errs, func(e error) bool { return e == err }) {
-				errs = append(errs, err)
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return errors.Join(errs...)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Join(c.errs...)
 }
 
 // sendKey sends a key's queued requests one batch at a time until none is
@@ -302,20 +342,31 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		p.mu.Lock()
 		if len(kq.pending) == 0 {
 			delete(p.keys, key)
+			if len(p.spare) < spareMax {
+				kq.pending = kq.pending[:0]
+				p.spare = append(p.spare, kq)
+			}
 			p.mu.Unlock()
 			return
 		}
 		n := min(len(kq.pending), p.cfg.MaxBatch)
 		n = p.fitBytes(kq.pending[:n])
-		batch := slices.Clone(kq.pending[:n])
-		kq.pending = kq.pending[n:]
+		kq.batch = append(kq.batch[:0], kq.pending[:n]...)
+		if n == len(kq.pending) {
+			clear(kq.pending)
+			kq.pending = kq.pending[:0]
+		} else {
+			kq.pending = kq.pending[n:]
+		}
+		batch := kq.batch
 		p.mu.Unlock()
 
-		err := p.send(batch)
+		err := p.send(batch, &kq.ms)
 		if err == nil {
 			for _, r := range batch {
-				r.done <- nil
+				r.finish(nil)
 			}
+			clear(batch)
 			continue
 		}
 		// Pause (and fail what queued behind the batch) before the callers
@@ -326,13 +377,15 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 			p.paused[key] = err
 		}
 		for _, r := range kq.pending {
-			r.done <- &keyorder.KeyPausedError{Key: key, Cause: err}
+			r.finish(&keyorder.KeyPausedError{Key: key, Cause: err})
 		}
-		kq.pending = nil
+		clear(kq.pending)
+		kq.pending = kq.pending[:0]
 		p.mu.Unlock()
 		for _, r := range batch {
-			r.done <- err
+			r.finish(err)
 		}
+		clear(batch)
 		p.cfg.Logger.Warn("keyorder: keyed publish failed", "key", key, "paused", !p.cfg.AutoResume, "err", err)
 	}
 }
@@ -354,22 +407,26 @@ func (p *Publisher) fitBytes(rs []*request) int {
 
 func (p *Publisher) sendKeyless(rs []*request) {
 	defer p.senders.Done()
+	var buf []*adapters.Message
 	for len(rs) > 0 {
 		n := p.fitBytes(rs[:min(len(rs), p.cfg.MaxBatch)])
-		err := p.send(rs[:n])
+		err := p.send(rs[:n], &buf)
 		for _, r := range rs[:n] {
-			r.done <- err
+			r.finish(err)
 		}
 		rs = rs[n:]
 	}
 }
 
-// send calls the driver, retrying transient errors.
-func (p *Publisher) send(batch []*request) error {
-	ms := make([]*adapters.Message, len(batch))
-	for i, r := range batch {
-		ms[i] = r.m
+// send calls the driver, retrying transient errors. It builds the driver's
+// slice in *buf, which it reuses.
+func (p *Publisher) send(batch []*request, buf *[]*adapters.Message) error {
+	ms := (*buf)[:0]
+	for _, r := range batch {
+		ms = append(ms, r.m)
 	}
+	*buf = ms
+	defer clear(ms)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = p.drv.SendBatch(p.ctx, ms)
@@ -387,6 +444,10 @@ func (p *Publisher) send(batch []*request) error {
 		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if p.ctx.Err() != nil {
+			// Close gave up waiting: no caller's context ended.
+			return fmt.Errorf("%w: the publisher was closed before the send completed", keyorder.ErrClosed)
+		}
 		return err
 	}
 	return &keyorder.Error{Code: p.drv.ErrorCode(err), Op: "publish", Err: err}
@@ -418,7 +479,8 @@ func (p *Publisher) ResumeAll() int {
 }
 
 // Close stops accepting messages, waits for queued ones to be sent (until
-// ctx ends; then sends in progress are cancelled) and closes the driver.
+// ctx ends; then sends in progress are cancelled and every message not sent
+// fails with an error matching keyorder.ErrClosed) and closes the driver.
 // Publishing after Close returns keyorder.ErrClosed.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.mu.Lock()

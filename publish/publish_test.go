@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -98,6 +100,7 @@ func (o *orderTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 		o.bad.Store(true)
 	}
 	o.mu.Unlock()
+	time.Sleep(time.Millisecond) // the broker's round trip, on the fake clock
 	err := o.Topic.SendBatch(ctx, ms)
 	o.mu.Lock()
 	o.inflight[key]--
@@ -110,6 +113,10 @@ func (o *orderTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 }
 
 func TestOneBatchPerKeyInFlight(t *testing.T) {
+	synctest.Test(t, testOneBatchPerKeyInFlight)
+}
+
+func testOneBatchPerKeyInFlight(t *testing.T) {
 	b := memory.NewBroker()
 	ot := &orderTopic{Topic: b.OpenTopic("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 	p, err := publish.New(ot, &publish.Config{MaxBatch: 16})

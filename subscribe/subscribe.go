@@ -32,11 +32,13 @@
 package subscribe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,9 +74,12 @@ type Config struct {
 	// Retry is the attempt budget and backoff. MaxAttempts defaults to
 	// policy.MaxAttemptsDefault.
 	Retry policy.Retry
-	// MaxOutstanding bounds the messages received and not yet finished
-	// (held messages waiting for a retry are not counted; the lanes bound
-	// them). Defaults to 2×Workers.
+	// MaxOutstanding bounds the messages received and not yet finished.
+	// Messages waiting in process on a time (a retry or a not-before time)
+	// are not counted, nor, under Ordered where the process holds groups,
+	// the messages of their key behind them: a held key must not stop the
+	// others. The lanes bound those (see lanes.Config.Capacity). Defaults to
+	// 2×Workers.
 	MaxOutstanding int
 	// ShutdownTimeout is how long Run waits for running handlers after its
 	// context ends. Defaults to ShutdownTimeoutDefault.
@@ -144,8 +149,18 @@ type Subscriber struct {
 	tokens chan struct{}
 	acks   chan *item
 
+	// holdKeys: Ordered without native hold, so a key whose head waits in
+	// process on a time holds the key's later messages in process too.
+	holdKeys bool
+	seq      uint64 // receive order; pump only
+
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
+	// parked counts, per key, the items waiting in process on a time (a
+	// retry or a not-before time) while holdKeys. The key's other items
+	// received meanwhile wait behind them and, like them, do not count
+	// against MaxOutstanding, so a parked key cannot stop the others.
+	parked map[string]int
 
 	acked *idSet
 	stats Stats
@@ -164,14 +179,26 @@ type Stats struct {
 
 // item is one received message on its way through the lanes.
 type item struct {
-	m        *adapters.Message
-	attempt  int
-	chain    *chain
-	hasToken bool
-	lost     atomic.Bool
+	m       *adapters.Message
+	attempt int
+	chain   *chain
+	seq     uint64 // receive order
+	lost    atomic.Bool
+
+	// Guarded by Subscriber.mu.
+	hasToken bool // holds a flow-control token
+	parked   bool // counted in Subscriber.parked
+	// round is closed when the last lease renewal that included the item
+	// has returned.
+	round chan struct{}
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
+
+	// d is the first attempt's Delivery, allocated with the item; later
+	// attempts get their own, since a handler may keep the one it was given.
+	d      keyorder.Delivery
+	called bool
 }
 
 // chain links consecutive messages of one key received together from a
@@ -207,11 +234,13 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
+		parked:      map[string]int{},
 		acked:       newIDSet(c.DedupeSize),
 	}
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
 	}
+	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
 	return s, nil
 }
 
@@ -270,18 +299,15 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	leftover, _ := pool.Close(sctx)
 	cancel()
 	if len(leftover) > 0 {
-		ms := make([]*adapters.Message, 0, len(leftover))
+		live := leftover[:0]
 		for _, it := range leftover {
-			if !it.lost.Load() {
-				ms = append(ms, it.m)
+			if it.lost.Load() {
+				s.forget(it)
+			} else {
+				live = append(live, it)
 			}
-			s.forget(it)
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		if err := s.drv.Release(rctx, ms); err != nil {
-			s.cfg.Logger.Warn("keyorder: releasing unhandled messages at shutdown", "err", err)
-		}
-		cancel()
+		s.giveBack(live)
 	}
 	close(s.acks)
 	<-ackDone
@@ -313,6 +339,7 @@ func (s *Subscriber) Close() error { return s.drv.Close() }
 // permanent error occurs.
 func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 	failures := 0
+	var its []*item
 	for {
 		n, err := s.acquire(ctx)
 		if err != nil {
@@ -320,6 +347,15 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		}
 		ms, err := s.drv.Receive(ctx, n)
 		s.releaseTokens(n - len(ms))
+		if err != nil && len(ms) > 0 {
+			// Messages that came with an error go back unhandled; their
+			// tokens with them.
+			its = its[:0]
+			for _, m := range ms {
+				its = append(its, &item{m: m, hasToken: true})
+			}
+			s.giveBack(its)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -340,15 +376,12 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		}
 		failures = 0
 		// Link chains before any item reaches a lane.
-		its := make([]*item, 0, len(ms))
+		clear(its)
+		its = its[:0]
 		var prev *item
 		for _, m := range ms {
-			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true}
-			if s.acked.has(m.ID) {
-				s.stats.Suppressed.Add(1)
-				s.acks <- it
-				continue
-			}
+			s.seq++
+			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true, seq: s.seq}
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {
 					if prev.chain == nil {
@@ -360,15 +393,76 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			}
 			its = append(its, it)
 		}
-		for _, it := range its {
+		now := time.Now()
+		for i, it := range its {
 			m := it.m
+			free := 0
 			s.mu.Lock()
 			s.outstanding[it] = struct{}{}
-			s.mu.Unlock()
-			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
-				// Shutting down: give this one back unhandled.
-				s.settle(it, func(c context.Context) error { return s.drv.Release(c, []*adapters.Message{m}) })
+			switch {
+			case m.NotBefore.After(now):
+				// Waiting on time, like a retry: not counted. Under
+				// holdKeys it parks its key.
+				it.hasToken = false
+				free++
+				if s.holdKeys && m.Key != "" {
+					it.parked = true
+					s.parked[m.Key]++
+				}
+			case s.holdKeys && m.Key != "" && s.parked[m.Key] > 0:
+				// Behind a parked head of its key.
+				it.hasToken = false
+				free++
 			}
+			s.mu.Unlock()
+			s.releaseTokens(free)
+			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
+				// Shutting down: give this one and the rest back
+				// unhandled, all of them, so that none of a key is
+				// handled after one before it went back.
+				s.giveBack(its[i:])
+				break
+			}
+		}
+	}
+}
+
+// giveBack returns received items to the broker unhandled, without counting
+// an attempt, and forgets them.
+func (s *Subscriber) giveBack(its []*item) {
+	ms := make([]*adapters.Message, 0, len(its))
+	for _, it := range its {
+		ms = append(ms, it.m)
+	}
+	if len(ms) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.detach(its...)
+	err := s.drv.Release(ctx, ms)
+	if err != nil {
+		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
+	}
+	for _, it := range its {
+		s.forget(it)
+	}
+}
+
+// detach takes items out of outstanding before they are handed back (Nack,
+// Release, DeadLetter), so no later lease renewal includes them, and waits
+// for a renewal under way that does: on brokers where a renewal and a
+// hand-back both set a message's visibility, a renewal reaching the broker
+// after the hand-back would undo it.
+func (s *Subscriber) detach(its ...*item) {
+	s.mu.Lock()
+	for _, it := range its {
+		delete(s.outstanding, it)
+	}
+	s.mu.Unlock()
+	for _, it := range its {
+		if it.round != nil {
+			<-it.round
 		}
 	}
 }
@@ -403,15 +497,68 @@ func (s *Subscriber) releaseTokens(n int) {
 func (s *Subscriber) forget(it *item) {
 	s.mu.Lock()
 	delete(s.outstanding, it)
+	tok := it.hasToken
+	it.hasToken = false
 	s.mu.Unlock()
-	if it.hasToken {
-		it.hasToken = false
+	if tok {
 		s.releaseTokens(1)
 	}
 }
 
+// park gives back the token of an item that waits in process for its retry.
+// Under holdKeys it parks the item's key: the key's items already received
+// wait behind it and give back their tokens too.
+func (s *Subscriber) park(it *item) {
+	free := 0
+	s.mu.Lock()
+	if it.hasToken {
+		it.hasToken = false
+		free++
+	}
+	if key := it.m.Key; s.holdKeys && key != "" {
+		it.parked = true
+		s.parked[key]++
+		for o := range s.outstanding {
+			if o.hasToken && o.m.Key == key {
+				o.hasToken = false
+				free++
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.releaseTokens(free)
+}
+
+// unpark is called when a parked item's time has come.
+func (s *Subscriber) unpark(it *item) {
+	key := it.m.Key
+	s.mu.Lock()
+	it.parked = false
+	if s.parked[key]--; s.parked[key] <= 0 {
+		delete(s.parked, key)
+	}
+	s.mu.Unlock()
+}
+
+// drop forgets an item whose lease was lost: the broker redelivers it. The
+// rest of its chain must not run before that redelivery, so the chain goes
+// back too.
+func (s *Subscriber) drop(it *item) {
+	if it.chain != nil {
+		it.chain.broken.Store(true)
+	}
+	s.forget(it)
+}
+
 // ackBatchMax is the most acknowledgements sent in one driver call.
 const ackBatchMax = 256
+
+// Each Ack call gets at least ackTimeout; one context serves the calls of
+// ackCtxReuse, so a busy acker does not allocate a timer per call.
+const (
+	ackTimeout  = 30 * time.Second
+	ackCtxReuse = 5 * time.Second
+)
 
 // acker sends acknowledgements in batches: it takes what has queued up
 // while the previous call ran, so an idle subscriber acks at once and a busy
@@ -420,6 +567,8 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 	defer close(done)
 	batch := make([]*item, 0, ackBatchMax)
 	ms := make([]*adapters.Message, 0, ackBatchMax)
+	var actx timeoutCtx
+	defer actx.stop()
 	for it := range s.acks {
 		batch = append(batch[:0], it)
 	more:
@@ -435,17 +584,43 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 			}
 		}
 		ms = ms[:0]
+		s.mu.Lock() // out of outstanding: a renewal now does not call them lost
 		for _, it := range batch {
 			ms = append(ms, it.m)
+			delete(s.outstanding, it)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := s.drv.Ack(ctx, ms); err != nil {
+		s.mu.Unlock()
+		if err := s.drv.Ack(actx.get(), ms); err != nil {
 			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 		}
-		cancel()
 		for _, it := range batch {
 			s.forget(it)
 		}
+		clear(batch)
+		clear(ms)
+	}
+}
+
+// timeoutCtx hands out a context with at least ackTimeout left, making a new
+// one only when the current one has less.
+type timeoutCtx struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+}
+
+func (t *timeoutCtx) get() context.Context {
+	if t.ctx == nil || time.Until(t.deadline) < ackTimeout {
+		t.stop()
+		t.deadline = time.Now().Add(ackTimeout + ackCtxReuse)
+		t.ctx, t.cancel = context.WithDeadline(context.Background(), t.deadline)
+	}
+	return t.ctx
+}
+
+func (t *timeoutCtx) stop() {
+	if t.cancel != nil {
+		t.cancel()
 	}
 }
 
@@ -453,7 +628,9 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := call(ctx); err != nil {
+	s.detach(it)
+	err := call(ctx)
+	if err != nil {
 		s.cfg.Logger.Warn("keyorder: settling message failed; the broker will redeliver it", "id", it.m.ID, "key", it.m.Key, "err", err)
 	}
 	s.forget(it)
@@ -463,8 +640,18 @@ func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 // item's fate.
 func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.Result {
 	m := it.m
+	if it.parked {
+		s.unpark(it)
+	}
 	if it.lost.Load() {
-		s.forget(it)
+		s.drop(it)
+		return lanes.Done()
+	}
+	if s.acked.has(m.ID) {
+		// A redelivery of a message this process acknowledged, received
+		// before (or while) the original ran.
+		s.stats.Suppressed.Add(1)
+		s.acks <- it
 		return lanes.Done()
 	}
 	if it.chain != nil && it.chain.broken.Load() {
@@ -497,11 +684,14 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		return lanes.Done()
 	}
 	if it.lost.Load() {
-		s.forget(it) // the broker took it back; it counted the attempt
+		s.drop(it) // the broker took it back; it counted the attempt
 		return lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the message's fault.
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
 		return lanes.Done()
 	}
@@ -532,10 +722,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	// lease kept alive; its flow-control token is returned so other keys
 	// keep flowing.
 	it.attempt++
-	if it.hasToken {
-		it.hasToken = false
-		s.releaseTokens(1)
-	}
+	s.park(it)
 	return lanes.RetryAt(time.Now().Add(delay))
 }
 
@@ -555,7 +742,12 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 	if m.Key != "" {
 		headers[keyorder.HeaderPartitionKey] = m.Key
 	}
-	d := &keyorder.Delivery{
+	d := &it.d
+	if it.called {
+		d = new(keyorder.Delivery)
+	}
+	it.called = true
+	*d = keyorder.Delivery{
 		Message: keyorder.Message{
 			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore,
 		},
@@ -590,27 +782,47 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		case <-t.C:
 		}
 		s.mu.Lock()
-		its := make([]*item, 0, len(s.outstanding))
+		if len(s.outstanding) == 0 {
+			s.mu.Unlock()
+			continue
+		}
+		round := make(chan struct{})
 		ms := make([]*adapters.Message, 0, len(s.outstanding))
 		byMsg := make(map[*adapters.Message]*item, len(s.outstanding))
 		for it := range s.outstanding {
-			its = append(its, it)
 			ms = append(ms, it.m)
 			byMsg[it.m] = it
+			it.round = round
 		}
 		s.mu.Unlock()
-		if len(ms) == 0 {
-			continue
-		}
 		lost, err := s.drv.ExtendLeases(ctx, ms)
+		close(round)
 		if err != nil {
 			s.cfg.Logger.Warn("keyorder: extending leases failed", "err", err)
 		}
+		if len(lost) == 0 {
+			continue
+		}
+		// An item settled while its lease was being extended is reported
+		// lost by brokers that forget settled messages: it was not.
+		var gone []*item
+		s.mu.Lock()
 		for _, m := range lost {
-			it := byMsg[m]
-			if it == nil || it.lost.Swap(true) {
-				continue
+			if it := byMsg[m]; it != nil && !it.lost.Load() {
+				if _, ok := s.outstanding[it]; ok {
+					gone = append(gone, it)
+				}
 			}
+		}
+		s.mu.Unlock()
+		// Mark later items first, and all before cancelling any handler: a
+		// lane that sees an item lost then sees its lost successors lost
+		// too, and does not run one in the moment between.
+		slices.SortFunc(gone, func(a, b *item) int { return cmp.Compare(b.seq, a.seq) })
+		for _, it := range gone {
+			it.lost.Store(true)
+		}
+		for _, it := range gone {
 			s.stats.LeasesLost.Add(1)
 			it.mu.Lock()
 			if it.cancel != nil {

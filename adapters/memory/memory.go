@@ -319,9 +319,11 @@ func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 	return d.s.settle([]*adapters.Message{m}, func(l *lease, now time.Time) { d.s.retry(l, now.Add(delay), true) })
 }
 
-// Release returns unhandled messages without counting an attempt.
+// Release returns unhandled messages without counting an attempt. It returns
+// the last first: on an InProcess subscription returning a message returns
+// the later delivered messages of its key with it.
 func (d *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
-	return d.s.settle(ms, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
+	return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
 }
 
 // ExtendLeases renews leases; expired ones are reported lost.

@@ -135,3 +135,53 @@ func TestURLParameters(t *testing.T) {
 		t.Fatalf("payload over maxpayload = %v", err)
 	}
 }
+
+// A message settles only on the subscription that delivered it.
+func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
+	b := memory.NewBroker()
+	b.CreateSubscription("t", "s1", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	b.CreateSubscription("t", "s2", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	send(t, b, [2]string{"m1", "k"})
+	ctx := context.Background()
+	c1, _ := b.OpenSubscription("s1")
+	c2, _ := b.OpenSubscription("s2")
+	m1, _ := c1.Receive(ctx, 1)
+	m2, _ := c2.Receive(ctx, 1)
+	if err := c2.Ack(ctx, m1); err == nil {
+		t.Fatal("s2 acknowledged a message s1 delivered")
+	}
+	if lost, _ := c2.ExtendLeases(ctx, m2); len(lost) != 0 {
+		t.Fatalf("s2's own lease was settled by the foreign ack")
+	}
+	if err := c2.Ack(ctx, m2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// InProcess: returning a key's head returns the key's later deliveries with
+// it; none of them counts an attempt, and returning them all together is not
+// an error.
+func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
+	b := memory.NewBroker()
+	b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+	send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"})
+	ctx := context.Background()
+	c, _ := b.OpenSubscription("s")
+	got, _ := c.Receive(ctx, 10)
+	if err := c.Release(ctx, got); err != nil {
+		t.Fatalf("releasing a1 a2 a3 = %v", err)
+	}
+	again, _ := c.Receive(ctx, 10)
+	if err := c.Release(ctx, again[:1]); err != nil { // a2, a3 come back with a1
+		t.Fatal(err)
+	}
+	last, _ := c.Receive(ctx, 10)
+	for _, m := range last {
+		if m.Attempt != 1 {
+			t.Fatalf("after two releases got %v with %s at attempt %d, want every attempt 1", ids(last), m.ID, m.Attempt)
+		}
+	}
+	if !slices.Equal(ids(last), []string{"a1", "a2", "a3"}) {
+		t.Fatalf("got %v", ids(last))
+	}
+}

@@ -26,6 +26,18 @@ type lease struct {
 	e        *entry
 	h        groupq.Handle[*entry] // Native
 	deadline time.Time
+	// msg is the delivered copy; its AckID is the lease itself (one
+	// allocation per delivery, and no boxing of an id).
+	msg adapters.Message
+}
+
+// leaseOf returns m's lease if it is still held.
+func (s *subscription) leaseOf(m *adapters.Message) (*lease, bool) {
+	l, _ := m.AckID.(*lease)
+	if l == nil || s.leases[l.id] != l {
+		return nil, false
+	}
+	return l, true
 }
 
 // ikey is one key's log in an InProcess subscription: its unacknowledged
@@ -43,6 +55,7 @@ type subscription struct {
 
 	mu        sync.Mutex
 	changed   chan struct{}
+	waiters   int // receivers waiting on changed
 	nextLease uint64
 	leases    map[uint64]*lease
 	consumers int
@@ -78,6 +91,9 @@ func (s *subscription) newConsumer() int {
 
 // signal wakes waiting receivers; s.mu is held.
 func (s *subscription) signal() {
+	if s.waiters == 0 {
+		return
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -123,20 +139,35 @@ func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapt
 			timer.Stop()
 		}
 	}()
+	waiting := false
+	defer func() {
+		if waiting {
+			s.mu.Lock()
+			s.waiters--
+			s.mu.Unlock()
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		s.mu.Lock()
+		if waiting {
+			s.waiters--
+			waiting = false
+		}
 		now := time.Now()
 		s.expire(now)
 		out := s.take(consumer, max, now)
-		wake, ok := s.nextWake()
-		ch := s.changed
-		s.mu.Unlock()
 		if len(out) > 0 {
+			s.mu.Unlock()
 			return out, nil
 		}
+		wake, ok := s.nextWake()
+		ch := s.changed
+		s.waiters++
+		waiting = true
+		s.mu.Unlock()
 		var tc <-chan time.Time
 		if ok {
 			d := wake.Sub(now)
@@ -159,13 +190,12 @@ func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapt
 func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time) *adapters.Message {
 	e.attempts++
 	s.nextLease++
-	l := &lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration)}
+	l := &lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
 	s.leases[l.id] = l
 	e.lease = l
-	m := e.msg
-	m.AckID = l.id
-	m.Attempt = e.attempts
-	return &m
+	l.msg.AckID = l
+	l.msg.Attempt = e.attempts
+	return &l.msg
 }
 
 func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Message {
@@ -237,13 +267,21 @@ func (s *subscription) expire(now time.Time) {
 }
 
 func (s *subscription) settle(ms []*adapters.Message, fn func(l *lease, now time.Time)) error {
+	return s.settleOrder(ms, false, fn)
+}
+
+// settleOrder settles ms, last first if backwards.
+func (s *subscription) settleOrder(ms []*adapters.Message, backwards bool, fn func(l *lease, now time.Time)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	var err error
-	for _, m := range ms {
-		id, _ := m.AckID.(uint64)
-		l, ok := s.leases[id]
+	for i := range ms {
+		m := ms[i]
+		if backwards {
+			m = ms[len(ms)-1-i]
+		}
+		l, ok := s.leaseOf(m)
 		if !ok {
 			if err == nil {
 				err = errNoLease
@@ -310,6 +348,9 @@ func (s *subscription) retry(l *lease, at time.Time, counted bool) {
 		for _, o := range k.log[i+1 : k.delivered] {
 			if o.lease != nil {
 				s.dropLease(o.lease)
+				if !counted {
+					o.attempts-- // returned unhandled with e
+				}
 			}
 			o.acked = false
 			back = append(back, o)
@@ -331,8 +372,7 @@ func (s *subscription) extend(ms []*adapters.Message) []*adapters.Message {
 	s.expire(now)
 	var lost []*adapters.Message
 	for _, m := range ms {
-		id, _ := m.AckID.(uint64)
-		if l, ok := s.leases[id]; ok {
+		if l, ok := s.leaseOf(m); ok {
 			l.deadline = now.Add(s.cfg.LeaseDuration)
 		} else {
 			lost = append(lost, m)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
@@ -12,23 +11,15 @@ import (
 
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
 
-// requirePG returns KEYORDER_PG_URL. Without it the test is skipped, or
-// fails when CI=true or KEYORDER_TESTENV=1 (the server was supposed to be
-// started). It behaves as integration/testenv.Require(t, "postgres") and is
-// to be replaced by it.
+// requirePG returns the test server's URL (KEYORDER_PG_URL), skipping the
+// test without one, or failing it where servers are required (CI).
 func requirePG(t testing.TB) string {
 	t.Helper()
-	if u := os.Getenv("KEYORDER_PG_URL"); u != "" {
-		return u
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("KEYORDER_TESTENV") == "1" {
-		t.Fatal("KEYORDER_PG_URL is not set: the test environment did not start PostgreSQL")
-	}
-	t.Skip("KEYORDER_PG_URL is not set; skipping PostgreSQL tests")
-	return ""
+	return testenv.Require(t, testenv.Postgres)
 }
 
 // env is one test's PostgreSQL: a pool and a fresh, migrated schema that is

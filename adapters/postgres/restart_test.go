@@ -29,6 +29,9 @@ type cluster struct {
 }
 
 func pgBinDir() string {
+	if d := os.Getenv("KEYORDER_PG_BIN"); d != "" && fileExists(filepath.Join(d, "initdb")) {
+		return d
+	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		if d := string(out[:len(out)-1]); fileExists(filepath.Join(d, "initdb")) {
 			return d

@@ -1,0 +1,165 @@
+package publish_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/publish"
+)
+
+// gatedTopic holds every SendBatch until the test lets it through.
+type gatedTopic struct {
+	adapters.Topic
+	entered chan string
+	release chan struct{}
+}
+
+func (g *gatedTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+	g.entered <- string(ms[0].Payload)
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Topic.SendBatch(ctx, ms)
+}
+
+func payloads(ms []*adapters.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, string(m.Payload))
+	}
+	return out
+}
+
+// A publish whose context ends while it is queued behind its key's batch in
+// flight returns ctx.Err(), stays queued and is sent in its place: a later
+// publish of the key does not overtake it.
+func TestCancelledWhileQueuedKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _, s := setup(t, nil)
+		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		p, err := publish.New(g, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		first := make(chan error, 1)
+		go func() { first <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}) }()
+		<-g.entered
+		cctx, cancel := context.WithCancel(ctx)
+		second := make(chan error, 1)
+		go func() { second <- p.Publish(cctx, &keyorder.Message{Key: "k", Payload: []byte("m2")}) }()
+		synctest.Wait()
+		cancel()
+		if err := <-second; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled publish = %v", err)
+		}
+		third := make(chan error, 1)
+		go func() { third <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m3")}) }()
+		synctest.Wait()
+		close(g.release)
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-third; err != nil {
+			t.Fatal(err)
+		}
+		if got := payloads(receiveAll(t, s)); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+			t.Fatalf("broker got %v, want m1 m2 m3", got)
+		}
+		p.Close(ctx)
+	})
+}
+
+// A publish whose context is already done sends nothing.
+func TestPublishWithDoneContextSendsNothing(t *testing.T) {
+	_, p, s := setup(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Publish with a done context = %v", err)
+	}
+	if err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte("m2")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := payloads(receiveAll(t, s)); !slices.Equal(got, []string{"m2"}) {
+		t.Fatalf("broker got %v, want only m2", got)
+	}
+}
+
+// Close sends what is queued before it returns, in order.
+func TestCloseSendsQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _, s := setup(t, nil)
+		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		p, err := publish.New(g, &publish.Config{MaxBatch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		errs := make(chan error, 3)
+		for _, m := range []string{"m1", "m2", "m3"} {
+			go func() { errs <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
+			synctest.Wait()
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- p.Close(ctx) }()
+		synctest.Wait()
+		if err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("late")}); !errors.Is(err, keyorder.ErrClosed) {
+			t.Fatalf("publish during Close = %v", err)
+		}
+		close(g.release)
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := payloads(receiveAll(t, s)); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+			t.Fatalf("broker got %v", got)
+		}
+	})
+}
+
+// Close whose context ends cancels the sends: every queued publish fails
+// with an error saying the publisher was closed, none is left waiting.
+func TestCloseDeadlineFailsQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _, s := setup(t, nil)
+		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		p, err := publish.New(g, &publish.Config{MaxBatch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		errs := make(chan error, 3)
+		for _, m := range []string{"m1", "m2", "m3"} {
+			go func() { errs <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
+			synctest.Wait()
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := p.Close(cctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Close = %v", err)
+		}
+		for range 3 {
+			if err := <-errs; !errors.Is(err, keyorder.ErrClosed) {
+				t.Fatalf("queued publish after Close's deadline = %v, want ErrClosed", err)
+			}
+		}
+		rctx, cancelReceive := context.WithTimeout(ctx, time.Second)
+		defer cancelReceive()
+		if got, _ := s.Receive(rctx, 10); len(got) != 0 {
+			t.Fatalf("broker got %v", payloads(got))
+		}
+	})
+}
