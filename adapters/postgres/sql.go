@@ -15,7 +15,9 @@ package postgres
 // (Ordered) or the earliest ready time (Exclusive). An existing head keeps its
 // claimable_at under Ordered (the message at the head decides it) and while it
 // is leased (claimable_at is then the lease expiry); an idle Exclusive head
-// takes the earlier of the two.
+// takes the earlier of the two. ON CONFLICT ... WHERE locks every conflicting
+// head but writes only the ones that change, so publishing to a busy key
+// does not rewrite its head each time.
 const sqlLockHeads = `
 INSERT INTO {{schema}}.heads AS h (sub_id, msg_key, ordered, claimable_at)
 SELECT s.id, k.key, s.ordering = 2,
@@ -24,9 +26,8 @@ FROM {{schema}}.subscriptions s,
      unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) AS k(key, first_ready, min_ready)
 WHERE s.topic_id = $1 AND s.ordering > 0 AND ($5::integer IS NULL OR s.id = $5)
 ORDER BY s.id, k.key
-ON CONFLICT (sub_id, msg_key) DO UPDATE SET claimable_at =
-    CASE WHEN h.ordered OR h.lease_token IS NOT NULL THEN h.claimable_at
-         ELSE least(h.claimable_at, excluded.claimable_at) END`
+ON CONFLICT (sub_id, msg_key) DO UPDATE SET claimable_at = excluded.claimable_at
+    WHERE NOT h.ordered AND h.lease_token IS NULL AND excluded.claimable_at < h.claimable_at`
 
 // sqlInsert inserts the messages in the caller's order (ids follow it) and
 // one delivery per subscription of the topic ($7 restricts it to one
@@ -89,17 +90,21 @@ const sqlLockRelease = `
 SELECT 1 FROM {{schema}}.heads WHERE sub_id = $1 AND msg_key = ANY($2::text[]) ORDER BY msg_key FOR UPDATE`
 
 const sqlRelease = `
-UPDATE {{schema}}.heads h SET lease_token = NULL, chain_end = NULL, claimable_at = coalesce(({{next}}), 'infinity')
+UPDATE {{schema}}.heads h SET lease_token = NULL, chain_end = NULL, (claimable_at, from_id) = ({{next}})
 FROM unnest($2::text[], $3::bigint[]) AS r(key, token)
 WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token`
 
-// nextOrdered: the head message decides when an Ordered key is claimable.
-const nextOrdered = `SELECT d.can_run_after FROM {{schema}}.deliveries d
-    WHERE d.sub_id = h.sub_id AND d.msg_key = h.msg_key AND NOT d.direct ORDER BY d.id LIMIT 1`
+// nextOrdered: the head message decides when an Ordered key is claimable
+// ('infinity' when nothing is pending; the head is then dropped).
+const nextOrdered = `SELECT coalesce(min(x.can_run_after), 'infinity'), coalesce(min(x.id), h.from_id) FROM (
+    SELECT d.can_run_after, d.id FROM {{schema}}.deliveries d
+    WHERE d.sub_id = h.sub_id AND d.msg_key = h.msg_key AND NOT d.direct AND d.id >= h.from_id
+    ORDER BY d.id LIMIT 1) x`
 
 // nextExclusive: the earliest ready message decides for an Exclusive key.
-const nextExclusive = `SELECT min(d.can_run_after) FROM {{schema}}.deliveries d
-    WHERE d.sub_id = h.sub_id AND d.msg_key = h.msg_key AND NOT d.direct`
+const nextExclusive = `SELECT coalesce(min(d.can_run_after), 'infinity'), coalesce(min(d.id), h.from_id)
+    FROM {{schema}}.deliveries d
+    WHERE d.sub_id = h.sub_id AND d.msg_key = h.msg_key AND NOT d.direct AND d.id >= h.from_id`
 
 const sqlDropIdleHeads = `
 DELETE FROM {{schema}}.heads

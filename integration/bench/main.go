@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,7 @@ type config struct {
 	retention  time.Duration
 	only       string
 	backlogBig int
+	rounds     int
 }
 
 func main() {
@@ -50,6 +52,7 @@ func main() {
 	flag.IntVar(&c.recvBatch, "recv", 1000, "keyorder messages per Receive")
 	flag.DurationVar(&c.retention, "retention", 60*time.Second, "duration of the retention run (0: skip)")
 	flag.IntVar(&c.backlogBig, "backlog", 200000, "large backlog for the flatness test (0: skip)")
+	flag.IntVar(&c.rounds, "rounds", 3, "runs of each throughput measurement; the median is reported (the machine may be shared)")
 	flag.StringVar(&c.only, "only", "", "comma-separated subset: river,watermill,keyorder,keys,backlog,latency,retention")
 	flag.Parse()
 	if c.url == "" {
@@ -63,7 +66,8 @@ func main() {
 	defer pool.Close()
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
-	fmt.Printf("bench: PostgreSQL %s, %d messages of %d bytes, publish batches of %d\n\n", version, c.n, c.size, c.batch)
+	fmt.Printf("bench: PostgreSQL %s, %d messages of %d bytes, publish batches of %d, median of %d runs each\n\n",
+		version, c.n, c.size, c.batch, c.rounds)
 
 	run := func(name string) bool {
 		if c.only == "" {
@@ -78,32 +82,32 @@ func main() {
 	}
 	r := results{}
 	if run("river") {
-		r.riverPub, r.riverCon = must2(benchRiver(ctx, pool, c))
+		r.riverPub, r.riverCon = median(c, func() (float64, float64, error) { return benchRiver(ctx, pool, c) })
 		report("river", "insert (InsertMany)", r.riverPub)
 		report("river", "work (no-op, FetchCooldown 1ms)", r.riverCon)
 	}
 	if run("watermill") {
-		r.wmPub, r.wmCon = must2(benchWatermill(ctx, pool, c))
+		r.wmPub, r.wmCon = median(c, func() (float64, float64, error) { return benchWatermill(ctx, pool, c) })
 		report("watermill-sql", "publish (batched)", r.wmPub)
 		report("watermill-sql", "consume", r.wmCon)
 	}
 	if run("keyorder") {
-		r.koPub, r.koPar = must2(benchKeyorder(ctx, pool, c, "parallel", 1000, c.n))
-		report("keyorder", "publish (SendBatch, 1,000 keys)", r.koPub)
+		_, r.koPar = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "parallel", 1000, c.n) })
 		report("keyorder", "consume Parallel", r.koPar)
-		_, r.ko1000 = must2(benchKeyorder(ctx, pool, c, "ordered", 1000, c.n))
+		r.koPub, r.ko1000 = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, c.n) })
+		report("keyorder", "publish (SendBatch, Ordered, 1,000 keys, heads)", r.koPub)
 		report("keyorder", "consume Ordered, 1,000 keys", r.ko1000)
 	}
 	if run("keys") {
-		_, r.ko10 = must2(benchKeyorder(ctx, pool, c, "ordered", 10, c.n))
+		_, r.ko10 = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 10, c.n) })
 		report("keyorder", "consume Ordered, 10 keys", r.ko10)
-		_, r.ko10k = must2(benchKeyorder(ctx, pool, c, "ordered", 10000, c.n))
+		_, r.ko10k = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 10000, c.n) })
 		report("keyorder", "consume Ordered, 10,000 keys", r.ko10k)
 	}
 	if run("backlog") && c.backlogBig > 0 {
-		_, r.backSmall = must2(benchKeyorder(ctx, pool, c, "ordered", 1000, 10000))
+		_, r.backSmall = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, 10000) })
 		report("keyorder", "consume Ordered, 1,000 keys, 10,000 waiting", r.backSmall)
-		_, r.backBig = must2(benchKeyorder(ctx, pool, c, "ordered", 1000, c.backlogBig))
+		_, r.backBig = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, c.backlogBig) })
 		report("keyorder", fmt.Sprintf("consume Ordered, 1,000 keys, %d waiting", c.backlogBig), r.backBig)
 	}
 	if run("latency") {
@@ -130,11 +134,20 @@ func withPoolSize(url string, n int) string {
 	return fmt.Sprintf("%s%spool_max_conns=%d", url, sep, n)
 }
 
-func must2(a, b float64, err error) (float64, float64) {
-	if err != nil {
-		log.Fatal(err)
+// median runs f c.rounds times and returns the median of each of its two
+// rates.
+func median(c config, f func() (float64, float64, error)) (float64, float64) {
+	var as, bs []float64
+	for range max(c.rounds, 1) {
+		a, b, err := f()
+		if err != nil {
+			log.Fatal(err)
+		}
+		as, bs = append(as, a), append(bs, b)
 	}
-	return a, b
+	slices.Sort(as)
+	slices.Sort(bs)
+	return as[len(as)/2], bs[len(bs)/2]
 }
 
 func report(system, what string, rate float64) {

@@ -71,6 +71,11 @@ CREATE TABLE {{schema}}.heads (
     -- takes the key over counts an attempt on the chain's unsettled members
     -- (claims do not write the deliveries otherwise)
     chain_end    bigint,
+    -- a lower bound of the key's pending delivery ids (the first pending one
+    -- when the key was last released): claims and releases scan the key's
+    -- deliveries from here, so the index entries of acknowledged rows that
+    -- vacuum has not removed yet are not walked again and again
+    from_id      bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (sub_id, msg_key)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
         autovacuum_vacuum_cost_delay = 0);
@@ -128,11 +133,13 @@ DECLARE
     v_ctids   tid[];
     v_expired boolean[];
     v_ends    bigint[];
+    v_froms   bigint[];
 BEGIN
-    SELECT array_agg(l.msg_key), array_agg(l.ctid), array_agg(l.lease_token IS NOT NULL), array_agg(l.chain_end)
-    INTO v_keys, v_ctids, v_expired, v_ends
+    SELECT array_agg(l.msg_key), array_agg(l.ctid), array_agg(l.lease_token IS NOT NULL), array_agg(l.chain_end),
+           array_agg(l.from_id)
+    INTO v_keys, v_ctids, v_expired, v_ends, v_froms
     FROM (
-        SELECT hd.msg_key, hd.ctid, hd.lease_token, hd.chain_end FROM {{schema}}.heads hd
+        SELECT hd.msg_key, hd.ctid, hd.lease_token, hd.chain_end, hd.from_id FROM {{schema}}.heads hd
         WHERE hd.sub_id = p_sub AND hd.claimable_at <= now()
         ORDER BY hd.claimable_at
         LIMIT p_keys
@@ -144,7 +151,7 @@ BEGIN
     -- valid for the second statement.
     RETURN QUERY
     WITH h AS (
-        SELECT * FROM unnest(v_keys, v_ctids, v_expired, v_ends) AS u(msg_key, row_id, expired, chain_end)
+        SELECT * FROM unnest(v_keys, v_ctids, v_expired, v_ends, v_froms) AS u(msg_key, row_id, expired, chain_end, from_id)
     ), c AS (
         SELECT x.id, x.msg_key,
                x.attempts + CASE WHEN h.expired AND x.id <= h.chain_end THEN 2 ELSE 1 END AS attempt
@@ -152,7 +159,7 @@ BEGIN
             SELECT y.id, y.msg_key, y.attempts FROM (
                 SELECT d.id, d.msg_key, d.attempts, bool_and(d.can_run_after <= now()) OVER (ORDER BY d.id) AS ok
                 FROM {{schema}}.deliveries d
-                WHERE d.sub_id = p_sub AND d.msg_key = h.msg_key AND NOT d.direct
+                WHERE d.sub_id = p_sub AND d.msg_key = h.msg_key AND NOT d.direct AND d.id >= h.from_id
                   AND (p_ordered OR d.can_run_after <= now())
                 ORDER BY d.id LIMIT p_chain
             ) y WHERE y.ok
