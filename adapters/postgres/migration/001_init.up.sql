@@ -34,7 +34,7 @@ CREATE TABLE {{schema}}.messages (
     not_before   timestamptz,
     published_at timestamptz NOT NULL DEFAULT now()
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX messages_topic_id ON {{schema}}.messages (topic_id, id);
+-- No index on topic_id: ids are global and only Admin.Purge scans a topic.
 
 -- One row per (subscription, message) until it is acknowledged or
 -- dead-lettered. can_run_after is the earliest time it may be claimed (the
