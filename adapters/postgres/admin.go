@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -250,7 +251,7 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 			return err
 		}
 		// Redrive in the order they were first published.
-		slices.SortFunc(ds, func(a, b dead) int { return cmpInt64(a.id, b.id) })
+		slices.SortFunc(ds, func(a, b dead) int { return cmp.Compare(a.id, b.id) })
 		ms := make([]*adapters.Message, len(ds))
 		for i := range ds {
 			m := ds[i].m

@@ -421,3 +421,42 @@ func TestReceiveAtMostMax(t *testing.T) {
 	}
 	receiveNone(t, s, 100*time.Millisecond)
 }
+
+// Acks delete the bodies no subscription needs; Purge collects bodies left
+// without deliveries (here: published while the topic had no subscription);
+// DeleteSubscription removes a subscription with what it held.
+func TestRetention(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t, 20*time.Second)
+	tp := e.topic("t", nil)
+	publish(t, tp, msg("A", "orphan1"), msg("B", "orphan2"))
+	s1 := e.sub("t", "s1", policy.Ordered, nil)
+	s2 := e.sub("t", "s2", policy.Parallel, nil)
+	publish(t, tp, msg("A", "a1"), msg("A", "a2"))
+	n, err := e.admin.Purge(ctx, "t")
+	if err != nil || n != 2 {
+		t.Fatalf("purge deleted %d (%v), want the 2 orphans", n, err)
+	}
+	got := receiveN(t, ctx, s1, 2)
+	if err := s1.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.admin.Stats(ctx, "t", "s1")
+	if err != nil || st.Messages != 2 || st.Pending != 0 || st.Heads != 0 {
+		t.Fatalf("after s1 acked: %+v %v (s2 still needs the bodies)", st, err)
+	}
+	got = receiveN(t, ctx, s2, 2)
+	if err := s2.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.admin.Stats(ctx, "t", "s2"); st.Messages != 0 {
+		t.Fatalf("after both acked: %+v", st)
+	}
+	publish(t, tp, msg("A", "a3"))
+	if err := e.admin.DeleteSubscription(ctx, "t", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.Stats(ctx, "t", "s2"); !errors.Is(err, keyorder.ErrNotFound) {
+		t.Fatalf("deleted subscription: %v", err)
+	}
+}

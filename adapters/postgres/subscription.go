@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -139,7 +140,7 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		s: s, info: info, opts: o,
 		claimKeys:   s.sql(sqlClaimKeys),
 		claimDirect: s.sql(sqlClaimDirect),
-		release:     s.sql(expandPart(sqlRelease, "{{next}}", next)),
+		release:     s.sql(strings.ReplaceAll(sqlRelease, "{{next}}", next)),
 		lease:       o.LeaseDuration,
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),
@@ -150,10 +151,6 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		go su.vacuumLoop()
 	}
 	return su, nil
-}
-
-func expandPart(sql, placeholder, part string) string {
-	return strings.ReplaceAll(sql, placeholder, part)
 }
 
 // Name returns the subscription's name.
@@ -301,9 +298,9 @@ func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters
 			x1, x2 := rank(x)
 			y1, y2 := rank(y)
 			if x1 != y1 {
-				return cmpInt64(x1, y1)
+				return cmp.Compare(x1, y1)
 			}
-			return cmpInt64(x2, y2)
+			return cmp.Compare(x2, y2)
 		})
 		if len(out) > maxMessages {
 			// Chains and keyless messages were claimed side by side, each up
@@ -323,16 +320,6 @@ func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters
 		wait = min(max(d, time.Millisecond), wait)
 	}
 	return nil, wait, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func ackIDs(ms []*adapters.Message) ([]*ackID, error) {
@@ -410,7 +397,8 @@ func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *se
 	if b.Len() > 0 { // a keyed Release that does not end its chain writes nothing
 		err = su.s.pool.SendBatch(ctx, b).Close()
 	}
-	if later := st.end(err == nil); len(later) > 0 {
+	later := st.end(err == nil)
+	if len(later) > 0 {
 		rb := &pgx.Batch{}
 		su.queueRelease(rb, later)
 		if rerr := su.s.pool.SendBatch(ctx, rb).Close(); rerr != nil {
@@ -421,6 +409,11 @@ func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *se
 	}
 	if err != nil {
 		return fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	if len(piggy) > 0 || len(later) > 0 || op == "release" {
+		// Something became claimable: a Receive of this process waiting
+		// for a notification or its poll interval tries again now.
+		signal(su.wake)
 	}
 	return nil
 }
