@@ -125,10 +125,13 @@ AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
 
 // sqlNack makes a delivery claimable again after the delay. A keyed
 // delivery's key stays held by its head until the chain is released, and
-// then (Ordered) by this can_run_after. A direct delivery is only touched
-// if it is still ours.
+// then (Ordered) by this can_run_after. Either is only touched while the
+// lease is still ours: a consumer whose lease was lost does not delay the
+// consumer that took the message over.
 const sqlNackKeyed = `
-UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval, attempts = $4 WHERE sub_id = $1 AND id = $2`
+UPDATE {{schema}}.deliveries d SET can_run_after = now() + $3::interval, attempts = $4
+WHERE d.sub_id = $1 AND d.id = $2
+  AND EXISTS (SELECT 1 FROM {{schema}}.heads h WHERE h.sub_id = $1 AND h.msg_key = d.msg_key AND h.lease_token = $5)`
 
 const sqlNackDirect = `
 UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval, lease_token = NULL

@@ -447,7 +447,7 @@ func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay tim
 	st := newSettlement(as)
 	b := &pgx.Batch{}
 	if a.chain != nil {
-		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), m.Attempt)
+		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), m.Attempt, a.token)
 	} else {
 		b.Queue(su.s.sql(sqlNackDirect), su.info.id, a.id, max(delay, 0), a.token)
 	}
