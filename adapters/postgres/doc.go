@@ -87,6 +87,9 @@
 // Publishes send a NOTIFY on the topic's channel, at most one per
 // Options.NotifyDebounce per Topic (NOTIFY serializes commits on a global
 // lock); a waiting Receive wakes on it, on the next retry or delay falling
-// due, or after Options.PollInterval, whichever is first. The listening
-// connection reconnects with backoff when it is lost.
+// due, or after Options.PollInterval, whichever is first. An
+// acknowledgement or Nack that makes a key claimable again wakes the waiting
+// Receive of its own process at once (no NOTIFY: other processes find the
+// key on their next claim or poll). The listening connection reconnects with
+// backoff when it is lost.
 package postgres
