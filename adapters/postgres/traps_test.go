@@ -91,8 +91,9 @@ func TestTrap1PublishDuringLastAck(t *testing.T) {
 // publish locks the key's head rows before drawing ids: a second publisher
 // of the key waits for the first to commit. The test holds the first
 // transaction open, waits until the second is seen blocked on the lock (it
-// fails if the second commits instead), then checks the consumer gets them
-// in id order.
+// fails if the second commits instead), checks that the blocked one has not
+// drawn an id yet (it fails if ids are drawn before the lock), then checks
+// the consumer gets them in id order.
 func TestTrap2ConcurrentPublishersOfOneKey(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
@@ -108,6 +109,16 @@ func TestTrap2ConcurrentPublishersOfOneKey(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The id the first publisher drew: the sequence's position now.
+	lastID := func() int64 {
+		var v int64
+		if err := e.pool.QueryRow(ctx, `SELECT last_value FROM `+
+			`pg_catalog.pg_sequences WHERE schemaname = $1 AND sequencename = 'messages_id_seq'`, e.schema).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	firstID := lastID()
 	pid := make(chan uint32, 1)
 	second := make(chan error, 1)
 	go func() {
@@ -136,6 +147,11 @@ func TestTrap2ConcurrentPublishersOfOneKey(t *testing.T) {
 			}
 			waiting = wt != nil && *wt == "Lock"
 		}
+	}
+	// Blocked before drawing an id: a publisher that drew its id first and
+	// locked after could still commit before an earlier id of its key.
+	if got := lastID(); got != firstID {
+		t.Fatalf("the blocked second publisher already drew id %d (first: %d): ids must be drawn under the key's lock", got, firstID)
 	}
 	// Nothing of K is claimable while its first publisher is open.
 	receiveNone(t, s, 100*time.Millisecond)
@@ -249,5 +265,65 @@ func TestOrderedCompetingConsumers(t *testing.T) {
 				next++
 			}
 		}
+	}
+}
+
+// Trap 1, deterministically: a publisher of key K holds its transaction open
+// while the consumer acknowledges K's last message, so the release must wait
+// for it. Once the publisher commits, K's new message must be claimable. A
+// release that read K's messages with a snapshot taken before it waited
+// would find none, drop the head, and strand the message.
+func TestTrap1AckWaitsForOpenPublisher(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.sub("t", "s", policy.Ordered, nil)
+	ctx := ctxT(t, 30*time.Second)
+	publish(t, tp, msg("K", "k1"))
+	got := receiveN(t, ctx, s, 1)
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var txPid uint32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&txPid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.PublishTx(ctx, tx, &keyorder.Message{ID: "k2", Key: "K", Payload: []byte("2")}); err != nil {
+		t.Fatal(err)
+	}
+	acked := make(chan error, 1)
+	go func() { acked <- s.Ack(ctx, got) }()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for blocked := false; !blocked; {
+		select {
+		case err := <-acked:
+			t.Fatalf("the ack finished (%v) while a publisher of its key was open: the release did not wait for the head lock", err)
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for the ack to block on the head lock")
+		case <-tick.C:
+			var n int
+			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE pid <> $1 AND wait_event_type = 'Lock' AND query LIKE '%heads%'`, txPid).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			blocked = n > 0
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-acked; err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	next, err := s.Receive(rctx, 10)
+	if err != nil || len(next) != 1 || next[0].ID != "k2" {
+		var heads int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.schema+`.heads`).Scan(&heads)
+		t.Fatalf("after the publisher committed: %v, %v (heads: %d); k2 is stranded", ids(next), err, heads)
 	}
 }
