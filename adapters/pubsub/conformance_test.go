@@ -108,7 +108,13 @@ func pstestClient(t *testing.T) *gpubsub.Client {
 }
 
 func TestConformanceEmulator(t *testing.T) {
-	integration.Run(t, &harness{client: emulatorClient(t)})
+	integration.Run(t, &harness{client: emulatorClient(t), unsupported: map[string]string{
+		"ShutdownMidStreamLosesNothing": "Google's emulator (0.8.20) queues a released (nacked) or expired message for " +
+			"redelivery behind its key's messages not delivered yet (measured: publish a1..a4 on one key, pull a1 a2, " +
+			"nack both: the next pull returns a3 a4 a2 a1), so a message the first subscriber returns at shutdown " +
+			"comes back after its successors; Pub/Sub redelivers it and everything after it in key order. " +
+			"pstest runs this case",
+	}})
 }
 
 func TestConformancePstest(t *testing.T) {

@@ -84,14 +84,37 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 
 var errClosed = errors.New("pubsub: subscription driver closed")
 
-// Receive pulls up to maxMessages, waiting until at least one arrives or
+// Idle polling of Receive: the wait after an empty pull starts at
+// pollMin and doubles up to pollMax.
+const (
+	pollMin = 20 * time.Millisecond
+	pollMax = 200 * time.Millisecond
+	// pullTimeout bounds one Pull request.
+	pullTimeout = 30 * time.Second
+)
+
+// Receive pulls up to maxMessages, polling until at least one arrives or
 // ctx is done. Messages are returned oldest publish time first (the service
 // returns a pull's messages in no particular order across keys; a key's
 // messages stay in key order).
+//
+// Each Pull asks the service to return at once (ReturnImmediately) and is
+// never cancelled by ctx: a Pull cancelled in flight may have leased
+// messages that the answer then never brings, and those would come back
+// only when their ack deadline expires, behind their key's later messages
+// on Google's emulator. When a pull brings messages after ctx is done,
+// Receive returns them (the subscriber releases what it will not handle).
 func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
 	}
+	wait := pollMin
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		s.mu.Lock()
 		closed := s.closed
@@ -103,25 +126,38 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 			return nil, err
 		}
 		sent := time.Now()
-		resp, err := s.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{
-			Subscription: s.name,
-			MaxMessages:  int32(maxMessages),
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
+		resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
+			Subscription:      s.name,
+			MaxMessages:       int32(maxMessages),
+			ReturnImmediately: true, //nolint:staticcheck // see above: a pull must not be cancelled in flight
 		})
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, err
 		}
-		if len(resp.ReceivedMessages) == 0 {
-			continue
+		if len(resp.ReceivedMessages) > 0 {
+			out := make([]*adapters.Message, 0, len(resp.ReceivedMessages))
+			for _, rm := range resp.ReceivedMessages {
+				out = append(out, s.fromPubSub(rm, sent))
+			}
+			slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+			return out, nil
 		}
-		out := make([]*adapters.Message, 0, len(resp.ReceivedMessages))
-		for _, rm := range resp.ReceivedMessages {
-			out = append(out, s.fromPubSub(rm, sent))
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
 		}
-		slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
-		return out, nil
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+		wait = min(2*wait, pollMax)
 	}
 }
 
@@ -200,21 +236,21 @@ func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 	return s.Release(ctx, []*adapters.Message{m})
 }
 
-// Release returns ms to Pub/Sub (ModifyAckDeadline 0), last first. On an
-// ordered subscription the service then redelivers the key's later
+// Release returns ms to Pub/Sub (ModifyAckDeadline 0) in one request, in
+// the order given (the subscriber gives a key's messages oldest first).
+// On an ordered subscription Pub/Sub then redelivers the key's later
 // messages too, acknowledged or not; the subscriber suppresses those it
-// acknowledged.
+// acknowledged. Google's emulator instead queues released messages for
+// redelivery in the order they were released, behind the key's messages
+// never delivered yet (see the package documentation).
 func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
-	return s.modify(ctx, ms, 0, true)
+	return s.modify(ctx, ms, 0)
 }
 
-func (s *Subscription) modify(ctx context.Context, ms []*adapters.Message, d time.Duration, backwards bool) error {
+func (s *Subscription) modify(ctx context.Context, ms []*adapters.Message, d time.Duration) error {
 	ids, _, err := ackIDs(ms)
 	if err != nil {
 		return err
-	}
-	if backwards {
-		slices.Reverse(ids)
 	}
 	for c := range slices.Chunk(ids, maxAckIDsPerRequest) {
 		if err := s.client.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pubsubpb.ModifyAckDeadlineRequest{
@@ -254,7 +290,7 @@ func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message)
 	if len(live) == 0 {
 		return lost, nil
 	}
-	if err := s.modify(ctx, live, s.lease, false); err != nil {
+	if err := s.modify(ctx, live, s.lease); err != nil {
 		return lost, err
 	}
 	for _, d := range liveD {
