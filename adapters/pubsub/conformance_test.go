@@ -107,6 +107,18 @@ func pstestClient(t *testing.T) *gpubsub.Client {
 	return client
 }
 
+// pstestClientFromEnv connects to the pstest server that pstestEnv put in
+// PUBSUB_EMULATOR_HOST, as the URL opener does.
+func pstestClientFromEnv(t *testing.T) *gpubsub.Client {
+	t.Helper()
+	client, err := gpubsub.NewClient(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
 func TestConformanceEmulator(t *testing.T) {
 	integration.Run(t, &harness{client: emulatorClient(t), unsupported: map[string]string{
 		"ShutdownMidStreamLosesNothing": "Google's emulator (0.8.20) queues a released (nacked) or expired message for " +

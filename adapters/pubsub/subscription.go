@@ -499,7 +499,7 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var rest, done []*pubsubpb.ReceivedMessage
+	var rest []*pubsubpb.ReceivedMessage
 	defer func() { s.releaseDead(rest) }()
 	s.deadPublisher()
 	n := 0
@@ -523,7 +523,6 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 			rest = append(rest, rms[i+1:]...)
 			return n + 1, fmt.Errorf("pubsub: redrive %q: remove dead letter: %w", m.ID, err)
 		}
-		done = append(done, rm)
 		n++
 	}
 	return n, nil
