@@ -32,17 +32,29 @@
 // keyorder.CodeFailedPrecondition.
 //
 // Pub/Sub delivers a key's messages in publish order but does not hold a key
-// while one of its messages is unacknowledged: Google's emulator streams the
-// later messages of a key regardless, and a nack (or an expired ack
-// deadline) makes the service redeliver the key's later messages too. So the
-// driver declares no native hold (Capabilities.NativeHold false) and the
-// subscribe package holds a group in process: a failed message stays in its
-// lane, its ack deadline kept alive by ExtendLeases, and is retried there
-// before anything behind it. The library never nacks to retry. Release (the
-// nack) is used only for messages the process will not handle, at shutdown
-// or when a lease was lost; the redeliveries of already acknowledged
-// messages that a nack can cause are suppressed by the subscriber's
-// acknowledged-ID set.
+// the way keyorder's Ordered policy needs: a pull may hand over several
+// messages of a key while none is acknowledged, and a nack (or an expired
+// ack deadline) makes the service redeliver the key's later messages too.
+// So the driver declares no native hold (Capabilities.NativeHold false) and
+// the subscribe package holds a group in process: a failed message stays in
+// its lane, its ack deadline kept alive by ExtendLeases, and is retried
+// there before anything behind it. The library never nacks to retry.
+// Release (the nack) is used only for messages the process will not
+// handle, at shutdown or when a lease was lost; the redeliveries of already
+// acknowledged messages that a nack can cause are suppressed by the
+// subscriber's acknowledged-ID set.
+//
+// The test servers differ here, and both are run by the conformance suite.
+// Google's emulator (0.8.20) hands over several messages of a key at once
+// and holds the key while any of them is outstanding, but does NOT hold it
+// after a nack: it queues a nacked or expired message for redelivery behind
+// the key's messages not delivered yet (publish a1..a4, pull a1 a2, nack
+// both: the next pull returns a3 a4 a2 a1). A message returned at shutdown
+// can therefore come back behind its successors there, which the service
+// does not do. pstest (cloud.google.com/go/pubsub/v2/pstest) hands out only
+// the oldest unacknowledged message of each key, so a key's next message
+// arrives only after the previous one is acknowledged, and Exclusive
+// behaves as Ordered on it.
 //
 // Pub/Sub has no per-message delay. A message published with a NotBefore
 // time carries it in the keyorder-not-before attribute (RFC 3339, nanosecond
@@ -50,8 +62,14 @@
 //
 // # Delivery semantics
 //
-// At least once. The subscription driver pulls with the unary Pull RPC and
-// manages ack deadlines itself: a received message is leased for the
+// At least once. The subscription driver pulls with the unary Pull RPC
+// (asking for an immediate answer, polling every 20 to 200ms while idle)
+// rather than the client library's callback-based Receive, and manages ack
+// deadlines itself: the library's Receive extends the deadline of every
+// message it has buffered until the process stops it, so a consumer that
+// took a message and hung would hold its key forever, and it hides the ack
+// IDs the driver needs to tell a lost lease. A received message is leased
+// for the
 // subscription's ack deadline (Capabilities.LeaseDuration) and the
 // subscriber extends it with ModifyAckDeadline while the message is held or
 // handled. A consumer that dies stops extending, the deadline passes and
@@ -92,12 +110,18 @@ const Scheme = "pubsub"
 // Attribute names the driver uses. User headers must not use the
 // AttrPrefix.
 const (
-	AttrPrefix    = "keyorder-"
-	AttrID        = "keyorder-id"
+	// AttrPrefix starts every attribute name the driver reserves.
+	AttrPrefix = "keyorder-"
+	// AttrID carries keyorder's message ID.
+	AttrID = "keyorder-id"
+	// AttrNotBefore carries Message.NotBefore (RFC 3339, nanoseconds).
 	AttrNotBefore = "keyorder-not-before"
-	AttrReason    = "keyorder-reason"
-	AttrAttempts  = "keyorder-attempts"
-	AttrDeadAt    = "keyorder-dead-at"
+	// AttrReason carries a dead letter's reason (at most 1024 bytes).
+	AttrReason = "keyorder-reason"
+	// AttrAttempts carries a dead letter's attempt count.
+	AttrAttempts = "keyorder-attempts"
+	// AttrDeadAt carries when a message was dead-lettered (RFC 3339).
+	AttrDeadAt = "keyorder-dead-at"
 	// LabelOrdering is the subscription label recording the keyorder policy.
 	LabelOrdering = "keyorder-ordering"
 )
@@ -123,8 +147,12 @@ const (
 
 // Defaults for SubscriptionOptions.
 const (
-	AckDeadlineDefault         = 30 * time.Second
-	MaxBatchDefault            = 100
+	// AckDeadlineDefault is SubscriptionOptions.AckDeadline's default.
+	AckDeadlineDefault = 30 * time.Second
+	// MaxBatchDefault is SubscriptionOptions.MaxBatch's default.
+	MaxBatchDefault = 100
+	// MaxDeliveryAttemptsDefault is SubscriptionOptions.MaxDeliveryAttempts's
+	// default, the service's maximum.
 	MaxDeliveryAttemptsDefault = 100
 	// MinAckDeadline and MaxAckDeadline bound a subscription's ack deadline.
 	MinAckDeadline = 10 * time.Second
