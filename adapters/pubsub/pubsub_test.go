@@ -107,7 +107,7 @@ func rawSetup(t *testing.T) (*pstest.Server, *pubsub.Topic, *pubsub.Subscription
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: pubsub.MinAckDeadline}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}
@@ -222,5 +222,63 @@ func TestDeadLetterTopicGetsReason(t *testing.T) {
 	defer cancel2()
 	if ms, err := sub.Receive(short, 10); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("after DeadLetter, Receive = %v, %v", ms, err)
+	}
+}
+
+// A failed keyed publish must not leave the key paused in the client
+// library: keyorder's publisher owns pausing.
+func TestFailedPublishResumesKeyInClient(t *testing.T) {
+	pstestEnv(t)
+	client := pstestClientFromEnv(t)
+	ctx := context.Background()
+	topicID := uniqueID("t")
+	topic, err := pubsub.OpenTopic(ctx, client, topicID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topic.Close()
+	send := func() error {
+		return topic.SendBatch(ctx, []*adapters.Message{{ID: "1", Key: "k", Payload: []byte("x")}, {ID: "2", Key: "k", Payload: []byte("y")}})
+	}
+	err = send() // the topic does not exist yet
+	if err == nil || topic.ErrorCode(err) != keyorder.CodeNotFound || topic.IsRetryable(err) {
+		t.Fatalf("publish to a missing topic = %v (code %v, retryable %v), want NotFound, not retryable", err, topic.ErrorCode(err), topic.IsRetryable(err))
+	}
+	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(); err != nil {
+		t.Fatalf("publish of the key after the failure = %v, want it sent (the client library's pause resumed)", err)
+	}
+}
+
+// A lease that ran out before ExtendLeases is reported lost, and Pub/Sub
+// redelivers the message with its attempt counted.
+func TestExpiredLeaseReportedLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a 10s ack deadline")
+	}
+	_, topic, sub, _ := rawSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := topic.SendBatch(ctx, []*adapters.Message{{ID: "a1", Key: "A", Payload: []byte("a1")}, {ID: "a2", Key: "A", Payload: []byte("a2")}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := sub.Receive(ctx, 1)
+	if err != nil || len(ms) != 1 || ms[0].ID != "a1" {
+		t.Fatalf("Receive = %v, %v", ms, err)
+	}
+	lease := sub.Capabilities().LeaseDuration
+	if lost, err := sub.ExtendLeases(ctx, ms); err != nil || len(lost) != 0 {
+		t.Fatalf("fresh lease: lost %v, %v", lost, err)
+	}
+	time.Sleep(lease + 500*time.Millisecond)
+	lost, err := sub.ExtendLeases(ctx, ms)
+	if err != nil || len(lost) != 1 || lost[0] != ms[0] {
+		t.Fatalf("expired lease: lost %v, %v; want a1", lost, err)
+	}
+	again, err := sub.Receive(ctx, 10)
+	if err != nil || len(again) == 0 || again[0].ID != "a1" || again[0].Attempt != 2 {
+		t.Fatalf("after expiry Receive = %+v, %v; want a1 first with attempt 2", again, err)
 	}
 }
