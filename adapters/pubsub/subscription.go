@@ -32,12 +32,10 @@ type Subscription struct {
 	maxBatch  int
 	ownClient bool
 
-	deadOnce sync.Once
-	deadPub  *gpubsub.Publisher
-	topicPub *gpubsub.Publisher // redrive
-
-	mu     sync.Mutex
-	closed bool
+	mu       sync.Mutex
+	closed   bool
+	deadPub  *gpubsub.Publisher // DeadLetter
+	topicPub *gpubsub.Publisher // Redrive
 }
 
 var (
@@ -312,14 +310,21 @@ func truncateUTF8(s string, n int) string {
 	return s[:n]
 }
 
-func (s *Subscription) deadPublisher() *gpubsub.Publisher {
-	s.deadOnce.Do(func() {
+// publishers returns the publishers of the dead-letter topic and of the
+// subscription's topic, made on first use; errClosed after Close.
+func (s *Subscription) publishers() (dead, topic *gpubsub.Publisher, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, errClosed
+	}
+	if s.deadPub == nil {
 		s.deadPub = s.client.Publisher(s.deadTopic)
 		s.deadPub.EnableMessageOrdering = true
 		s.topicPub = s.client.Publisher(s.topic)
 		s.topicPub.EnableMessageOrdering = true
-	})
-	return s.deadPub
+	}
+	return s.deadPub, s.topicPub, nil
 }
 
 // publishWait publishes one message and waits for the result, resuming the
@@ -345,7 +350,11 @@ func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reas
 	pm.Attributes[AttrReason] = truncateUTF8(reason, maxAttrValue)
 	pm.Attributes[AttrAttempts] = strconv.Itoa(attempts)
 	pm.Attributes[AttrDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	if err := publishWait(ctx, s.deadPublisher(), pm); err != nil {
+	dead, _, err := s.publishers()
+	if err != nil {
+		return err
+	}
+	if err := publishWait(ctx, dead, pm); err != nil {
 		return fmt.Errorf("pubsub: dead-letter to %s: %w", s.deadTopic, err)
 	}
 	return s.Ack(ctx, []*adapters.Message{m})
@@ -378,10 +387,11 @@ func (s *Subscription) Close() error {
 		return nil
 	}
 	s.closed = true
+	dead, topic := s.deadPub, s.topicPub
 	s.mu.Unlock()
-	if s.deadPub != nil {
-		s.deadPub.Stop()
-		s.topicPub.Stop()
+	if dead != nil {
+		dead.Stop()
+		topic.Stop()
 	}
 	if s.ownClient {
 		return s.client.Close()
@@ -501,7 +511,11 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	}
 	var rest []*pubsubpb.ReceivedMessage
 	defer func() { s.releaseDead(rest) }()
-	s.deadPublisher()
+	_, topicPub, err := s.publishers()
+	if err != nil {
+		rest = rms
+		return 0, err
+	}
 	n := 0
 	for i, rm := range rms {
 		dl := deadLetterOf(rm)
@@ -513,7 +527,7 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 		m.NotBefore = time.Time{}
 		pm, err := toPubSub(&m)
 		if err == nil {
-			err = publishWait(ctx, s.topicPub, pm)
+			err = publishWait(ctx, topicPub, pm)
 		}
 		if err != nil {
 			rest = append(rest, rms[i:]...)
