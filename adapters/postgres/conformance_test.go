@@ -1,0 +1,68 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/integration"
+)
+
+// harness runs the conformance suite on one schema of the test server: each
+// case gets a fresh topic and subscription.
+type harness struct {
+	e     *env
+	chain int
+	n     atomic.Int64
+}
+
+func (h *harness) Capabilities() integration.Capabilities {
+	c := integration.Capabilities{}
+	if h.chain > 1 {
+		c.Unsupported = map[string]string{
+			"WorkedExample": "a claim that takes a chain (a1 with a2) prefetches the group's successor, so the " +
+				"second worker waits where the worked example's broker would have handed it s1; " +
+				"TestConformanceNoChains runs it with chains of one",
+		}
+	}
+	return c
+}
+
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+	name := fmt.Sprintf("c%d", h.n.Add(1))
+	opts := h.e.opts(&postgres.Options{
+		Create:        true,
+		LeaseDuration: max(spec.LeaseDuration, postgres.LeaseDurationMin),
+		ChainLength:   h.chain,
+		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering},
+	})
+	tp, err := postgres.OpenTopic(ctx, h.e.pool, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { tp.Close() })
+	if err := h.e.admin.CreateSubscription(ctx, name, "sub", opts.Subscription); err != nil {
+		return nil, err
+	}
+	return &integration.Pair{
+		Topic: tp,
+		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+			s, err := postgres.OpenSubscription(ctx, h.e.pool, name, "sub", opts)
+			if err == nil {
+				t.Cleanup(func() { s.Close() })
+			}
+			return s, err
+		},
+	}, nil
+}
+
+func TestConformance(t *testing.T) {
+	integration.Run(t, &harness{e: newEnv(t), chain: postgres.ChainLengthDefault})
+}
+
+func TestConformanceNoChains(t *testing.T) {
+	integration.Run(t, &harness{e: newEnv(t), chain: 1})
+}

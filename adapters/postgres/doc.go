@@ -1,0 +1,95 @@
+// Package postgres is keyorder's native PostgreSQL queue: topics,
+// subscriptions (consumer groups) with their own policy and progress, and
+// the three delivery policies enforced by the claim query itself, correct
+// with any number of competing consumer processes. It is for teams that want
+// ordered messaging with nothing but the database they already run, and it
+// lets a message be enqueued in the same transaction as the business change
+// that causes it (the outbox pattern, PublishTx).
+//
+// The schema is created by Migrate (embedded, versioned migrations under
+// migration/, applied in one transaction under an advisory lock, recorded in
+// <schema>.schema_migrations), never implicitly: Open migrates only when
+// Options.Migrate is set. Options.Schema keeps several applications apart in
+// one database.
+//
+// # URLs
+//
+// Importing the package registers postgres:// and postgresql:// on
+// adapters.DefaultMux:
+//
+//	postgres://user:pass@host:5432/db?topic=ledger&subscription=apply-balance&schema=keyorder
+//
+// Each keyorder parameter sets one Options field: topic, subscription,
+// schema, migrate, create (with ordering, max_attempts, min_backoff,
+// max_backoff for a new subscription), lease, max_batch, chain, poll,
+// notify_debounce, missing_key. The connection parameters sslmode,
+// sslrootcert, sslcert, sslkey, sslpassword, connect_timeout,
+// application_name, target_session_attrs and pool_* go to pgx; any other
+// parameter is rejected with keyorder.ErrBadURL. A Topic or Subscription
+// opened from a URL owns its pool; the typed constructors (OpenTopic,
+// OpenSubscription, NewAdmin) take the application's *pgxpool.Pool.
+//
+// # Ordering
+//
+// A message is stored once (messages) and fans out to one delivery row per
+// subscription of its topic (deliveries); a subscription created later sees
+// only what is published after it. Exclusive and Ordered subscriptions keep
+// one head row per key with something pending (heads). A head's
+// claimable_at says when the key can next be claimed: under Ordered the
+// retry or not-before time of the key's oldest message, under Exclusive the
+// earliest of its messages, and while a consumer holds the key, the lease
+// expiry — so an expired lease makes the key claimable again with no
+// further bookkeeping.
+//
+// A claim (the claim_keys function) locks claimable heads with FOR UPDATE
+// SKIP LOCKED and, for each, takes a chain of up to Options.ChainLength
+// consecutive messages of the key, recording the lease in the same
+// transaction: two consumers never hold one key, and no key is ever claimed
+// but not yet recorded. Under Ordered the chain stops before the first
+// message that is not ready, so nothing overtakes a message waiting for its
+// retry or its not-before time; under Exclusive a waiting message is
+// overtaken. The chain is read by a second statement, after the locks are
+// held, so it never includes what the previous holder acknowledged while the
+// claim waited. Parallel subscriptions, and keyless messages on keyed
+// subscriptions, are claimed row by row with no key constraint.
+//
+// Two races are closed by locking order rather than by luck:
+//
+//   - Publishers lock (or create) the heads of the keys they publish before
+//     they draw message ids, so concurrent publishers of one key commit one
+//     after the other in id order, and no consumer can see a later id of a
+//     key without the earlier ones. (PublishTx holds those locks until the
+//     caller's transaction ends: keep it short.)
+//   - Releasing a key after its chain is settled locks the head first and
+//     only then reads the key's remaining messages in a new statement: a
+//     publish that commits while the key's last message is acknowledged is
+//     either seen, or waits and then finds (or recreates) the head. A key is
+//     never left with messages but no head.
+//
+// A chain's key is released only after every member's acknowledgement,
+// Nack, Release or dead letter has committed.
+//
+// # Delivery semantics
+//
+// Delivery is at least once. Receive returns chains of one key in order;
+// Ack deletes the deliveries (and the message bodies no other subscription
+// needs; Admin.Purge collects the rest); Nack(m, d) records the failed
+// attempt and holds the key (Ordered) until d has passed; Release gives
+// messages back without counting an attempt; DeadLetter moves a message to
+// dead_letters with its reason and attempts and lets its key continue;
+// Redrive puts dead letters back after what arrived meanwhile with a fresh
+// attempt count. A message's Attempt is 1 on its first claim and grows with
+// every failure and every lease that expired while it was claimed (a crashed
+// consumer counts). Drivers never retry: IsRetryable and ErrorCode classify
+// errors (a lost connection, a restarting server, a deadlock or
+// serialization failure are retryable) for the portable layer.
+//
+// Publishes send a NOTIFY on the topic's channel, at most one per
+// Options.NotifyDebounce per Topic (NOTIFY serializes commits on a global
+// lock); a waiting Receive wakes on it, on the next retry or delay falling
+// due, or after Options.PollInterval, whichever is first. An
+// acknowledgement or Nack that makes a key claimable again wakes the waiting
+// Receive of its own process at once (no NOTIFY: other processes find the
+// key on their next claim or poll). The listening connection reconnects with
+// backoff when it is lost.
+package postgres

@@ -1,0 +1,298 @@
+package postgres_test
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/postgres"
+)
+
+// The failure tests run consumers as real processes: the test binary
+// re-executed with KEYORDER_PG_HELPER set runs helperConsumer instead of the
+// tests, so a SIGKILL hits a process holding leases, as a crash would.
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KEYORDER_PG_HELPER") != "" {
+		os.Exit(helperConsumer())
+	}
+	os.Exit(m.Run())
+}
+
+// helperConsumer consumes a subscription until killed. For each message it
+// appends "start key id attempt unixnano" and "end key id attempt unixnano
+// ok|fail" lines to KEYORDER_PG_RECORDS (one write per line, so a kill
+// leaves whole lines). It fails a message (Nack) with probability
+// KEYORDER_PG_FAIL and blocks forever in the handler of message
+// KEYORDER_PG_HANG.
+func helperConsumer() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("KEYORDER_PG_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
+	s, err := postgres.OpenSubscription(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	rec, err := os.OpenFile(os.Getenv("KEYORDER_PG_RECORDS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	failP, _ := strconv.ParseFloat(os.Getenv("KEYORDER_PG_FAIL"), 64)
+	hang := os.Getenv("KEYORDER_PG_HANG")
+	write := func(format string, args ...any) { _, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n") }
+	for {
+		ms, err := s.Receive(ctx, 20)
+		if err != nil {
+			time.Sleep(10 * time.Millisecond) // transient: the test restarts nothing here
+			continue
+		}
+		// Each run of one key is a chain: run it in order; when one fails,
+		// give the rest of its chain back unrun.
+		for i := 0; i < len(ms); {
+			j := i
+			for j < len(ms) && ms[j].Key == ms[i].Key {
+				j++
+			}
+			for n, m := range ms[i:j] {
+				write("start %s %s %d %d", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
+				if m.ID == hang {
+					select {} // stuck in the handler until SIGKILL
+				}
+				time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+				if rand.Float64() < failP {
+					write("end %s %s %d %d fail", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
+					_ = s.Nack(ctx, m, time.Duration(rand.IntN(20))*time.Millisecond)
+					_ = s.Release(ctx, ms[i+n+1:j])
+					break
+				}
+				write("end %s %s %d %d ok", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
+				if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+					fmt.Fprintln(os.Stderr, "ack:", err)
+				}
+			}
+			i = j
+		}
+	}
+}
+
+type helper struct {
+	cmd     *exec.Cmd
+	records string
+}
+
+func startHelper(t *testing.T, e *env, topic string, lease time.Duration, failP float64, hang string) *helper {
+	t.Helper()
+	records := fmt.Sprintf("%s/records-%d", t.TempDir(), rand.Uint32())
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		"KEYORDER_PG_HELPER=1", "KEYORDER_PG_URL="+e.url, "KEYORDER_PG_SCHEMA="+e.schema,
+		"KEYORDER_PG_TOPIC="+topic, "KEYORDER_PG_LEASE="+lease.String(), "KEYORDER_PG_RECORDS="+records,
+		fmt.Sprintf("KEYORDER_PG_FAIL=%g", failP), "KEYORDER_PG_HANG="+hang)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{cmd: cmd, records: records}
+	t.Cleanup(h.kill)
+	return h
+}
+
+func (h *helper) kill() {
+	_ = h.cmd.Process.Signal(syscall.SIGKILL)
+	_, _ = h.cmd.Process.Wait()
+}
+
+type record struct {
+	start   bool
+	key, id string
+	attempt int
+	at      int64
+	ok      bool
+	proc    int
+}
+
+func (h *helper) read(t *testing.T, proc int) []record {
+	t.Helper()
+	f, err := os.Open(h.records)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []record
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 5 {
+			continue
+		}
+		r := record{start: fs[0] == "start", key: fs[1], id: fs[2], proc: proc}
+		r.attempt, _ = strconv.Atoi(fs[3])
+		r.at, _ = strconv.ParseInt(fs[4], 10, 64)
+		r.ok = len(fs) > 5 && fs[5] == "ok"
+		out = append(out, r)
+	}
+	return out
+}
+
+// waitUntil polls cond every 20ms until it holds or d passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// A consumer process killed with SIGKILL in the middle of a handler: its
+// lease expires and the same message is redelivered, as a counted attempt,
+// before its successors; what it acknowledged before is not redelivered.
+func TestProcessKilledMidHandler(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	e.sub("t", "s", 2 /* Ordered */, nil)
+	var ms []*adapters.Message
+	for i := 1; i <= 6; i++ {
+		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
+	}
+	publish(t, tp, ms...)
+	h := startHelper(t, e, "t", 2*time.Second, 0, "a3")
+	waitUntil(t, 30*time.Second, "the helper to start handling a3", func() bool {
+		rs := h.read(t, 0)
+		return len(rs) > 0 && rs[len(rs)-1].start && rs[len(rs)-1].id == "a3"
+	})
+	h.kill()
+	// Everything before a3 was acknowledged by the dead process.
+	s := e.sub("t", "s", 2, nil)
+	ctx := ctxT(t, 30*time.Second)
+	killed := time.Now()
+	got := receiveN(t, ctx, s, 4)
+	if el := time.Since(killed); el > 5*time.Second {
+		t.Fatalf("redelivered after %v; the lease was 2s", el)
+	}
+	if !slices.Equal(ids(got), []string{"a3", "a4", "a5", "a6"}) {
+		t.Fatalf("after the kill got %v, want a3 first and nothing acked again", ids(got))
+	}
+	if got[0].Attempt != 2 {
+		t.Fatalf("a3 redelivered as attempt %d, want 2 (the lost lease counts)", got[0].Attempt)
+	}
+	if err := s.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two consumer processes on one Ordered subscription under load, failing
+// some messages: checked from the handlers' records, at most one message of
+// a key is in flight at any time, a failed message is the next one handled
+// for its key, and each key's messages succeed in publish order.
+func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", &postgres.Options{NotifyDebounce: 2 * time.Millisecond})
+	e.sub("t", "s", 2 /* Ordered */, nil)
+	const keys, perKey = 50, 40
+	hs := []*helper{
+		startHelper(t, e, "t", 5*time.Second, 0.05, ""),
+		startHelper(t, e, "t", 5*time.Second, 0.05, ""),
+	}
+	order := map[string][]string{}
+	for r := range perKey {
+		var batch []*adapters.Message
+		for k := range keys {
+			key := "k" + strconv.Itoa(k)
+			id := fmt.Sprintf("%s-%03d", key, r)
+			order[key] = append(order[key], id)
+			batch = append(batch, msg(key, id))
+		}
+		publish(t, tp, batch...)
+	}
+	all := func() []record {
+		var rs []record
+		for i, h := range hs {
+			rs = append(rs, h.read(t, i)...)
+		}
+		return rs
+	}
+	waitUntil(t, 120*time.Second, "every message handled successfully", func() bool {
+		ok := map[string]bool{}
+		for _, r := range all() {
+			if !r.start && r.ok {
+				ok[r.id] = true
+			}
+		}
+		return len(ok) == keys*perKey
+	})
+	for _, h := range hs {
+		h.kill()
+	}
+	rs := all()
+	procs := map[int]int{}
+	type span struct {
+		id         string
+		start, end int64
+		ok         bool
+		proc       int
+	}
+	byKey := map[string][]span{}
+	open := map[string]*span{}
+	for _, r := range rs {
+		k := fmt.Sprint(r.proc, r.id, r.attempt)
+		if r.start {
+			open[k] = &span{id: r.id, start: r.at, proc: r.proc}
+			continue
+		}
+		sp := open[k]
+		if sp == nil {
+			t.Fatalf("end without start: %+v", r)
+		}
+		sp.end, sp.ok = r.at, r.ok
+		byKey[r.key] = append(byKey[r.key], *sp)
+		procs[r.proc]++
+	}
+	if len(procs) != 2 {
+		t.Fatalf("work went to %d process(es), want both: %v", len(procs), procs)
+	}
+	for key, spans := range byKey {
+		slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.start, b.start) })
+		next := 0
+		for i, sp := range spans {
+			if i > 0 && sp.start < spans[i-1].end {
+				t.Fatalf("key %s: %s (process %d) started before %s (process %d) ended",
+					key, sp.id, sp.proc, spans[i-1].id, spans[i-1].proc)
+			}
+			if sp.id != order[key][next] {
+				t.Fatalf("key %s: handled %s, expected %s", key, sp.id, order[key][next])
+			}
+			if sp.ok {
+				next++
+			}
+		}
+	}
+}

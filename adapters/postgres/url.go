@@ -1,0 +1,165 @@
+package postgres
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Schemes registered on adapters.DefaultMux.
+const (
+	Scheme     = "postgres"
+	SchemeAlt  = "postgresql"
+	paramTopic = "topic"
+	paramSub   = "subscription"
+)
+
+func init() {
+	o := &URLOpener{}
+	for _, s := range []string{Scheme, SchemeAlt} {
+		adapters.DefaultMux().RegisterTopic(s, o)
+		adapters.DefaultMux().RegisterSubscription(s, o)
+	}
+}
+
+// connParams are the connection parameters passed through to pgx (they
+// configure the pool, not keyorder). Any other parameter that is not one of
+// keyorder's is rejected.
+var connParams = map[string]bool{
+	"sslmode": true, "sslrootcert": true, "sslcert": true, "sslkey": true, "sslpassword": true,
+	"connect_timeout": true, "application_name": true, "target_session_attrs": true,
+	"pool_max_conns": true, "pool_min_conns": true, "pool_max_conn_lifetime": true,
+	"pool_max_conn_idle_time": true, "pool_health_check_period": true,
+}
+
+// URLOpener opens postgres:// and postgresql:// URLs (see the package
+// documentation). Each opened Topic or Subscription owns a pool of its own,
+// closed by its Close.
+type URLOpener struct {
+	// Options are the defaults the URL's parameters override.
+	Options Options
+}
+
+// OpenTopicURL opens the topic named by the topic parameter.
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+	opts, topic, _, conn, err := o.parse(u)
+	if err != nil {
+		return nil, err
+	}
+	if topic == "" {
+		return nil, adapters.BadParam(u, paramTopic, "is required")
+	}
+	pool, err := pgxpool.New(ctx, conn)
+	if err != nil {
+		return nil, &adapters.URLError{URL: u.Redacted(), Err: err}
+	}
+	t, err := OpenTopic(ctx, pool, topic, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	t.ownsPool = true
+	return t, nil
+}
+
+// OpenSubscriptionURL opens the subscription named by the topic and
+// subscription parameters.
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+	opts, topic, sub, conn, err := o.parse(u)
+	if err != nil {
+		return nil, err
+	}
+	if topic == "" {
+		return nil, adapters.BadParam(u, paramTopic, "is required")
+	}
+	if sub == "" {
+		return nil, adapters.BadParam(u, paramSub, "is required")
+	}
+	pool, err := pgxpool.New(ctx, conn)
+	if err != nil {
+		return nil, &adapters.URLError{URL: u.Redacted(), Err: err}
+	}
+	s, err := OpenSubscription(ctx, pool, topic, sub, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownsPool = true
+	return s, nil
+}
+
+// parse maps each keyorder query parameter onto one Options field and
+// returns the connection string without them.
+func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, err error) {
+	c := o.Options
+	so := SubscriptionOptions{}
+	if c.Subscription != nil {
+		so = *c.Subscription
+	}
+	q := u.Query()
+	pass := url.Values{}
+	for name, vals := range q {
+		if len(vals) != 1 {
+			return nil, "", "", "", adapters.BadParam(u, name, "given more than once")
+		}
+		v := vals[0]
+		var perr error
+		switch name {
+		case paramTopic:
+			topic = v
+		case paramSub:
+			sub = v
+		case "schema":
+			c.Schema = v
+		case "migrate":
+			c.Migrate, perr = strconv.ParseBool(v)
+		case "create":
+			c.Create, perr = strconv.ParseBool(v)
+		case "ordering":
+			so.Ordering, perr = policy.ParseOrdering(v)
+		case "max_attempts":
+			so.MaxAttempts, perr = strconv.Atoi(v)
+		case "min_backoff":
+			so.MinBackoff, perr = time.ParseDuration(v)
+		case "max_backoff":
+			so.MaxBackoff, perr = time.ParseDuration(v)
+		case "lease":
+			c.LeaseDuration, perr = time.ParseDuration(v)
+		case "max_batch":
+			c.MaxBatch, perr = strconv.Atoi(v)
+		case "chain":
+			c.ChainLength, perr = strconv.Atoi(v)
+		case "poll":
+			c.PollInterval, perr = time.ParseDuration(v)
+		case "notify_debounce":
+			c.NotifyDebounce, perr = time.ParseDuration(v)
+		case "vacuum_interval":
+			c.VacuumInterval, perr = time.ParseDuration(v)
+		case "missing_key":
+			c.MissingKey, perr = policy.ParseMissingKey(v)
+		default:
+			if !connParams[name] {
+				return nil, "", "", "", adapters.BadParam(u, name, "unknown parameter")
+			}
+			pass.Set(name, v)
+		}
+		if perr != nil {
+			return nil, "", "", "", adapters.BadParam(u, name, perr.Error())
+		}
+	}
+	c.Subscription = &so
+	opts = c.WithDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, "", "", "", &adapters.URLError{URL: u.Redacted(), Err: err}
+	}
+	cu := *u
+	cu.Scheme = Scheme
+	cu.RawQuery = pass.Encode()
+	return opts, topic, sub, cu.String(), nil
+}
