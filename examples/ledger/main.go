@@ -28,6 +28,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	_ "github.com/keyorder/keyorder/adapters/memory"
+	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )

@@ -1,0 +1,473 @@
+// Package pubsub is keyorder's driver for Google Cloud Pub/Sub, over
+// cloud.google.com/go/pubsub/v2. A message's ordering key travels as the
+// Pub/Sub ordering key (Message.OrderingKey), never as an attribute.
+//
+// Importing the package registers the pubsub URL scheme on
+// adapters.DefaultMux. The client library honours PUBSUB_EMULATOR_HOST, so
+// the same URLs reach Google's emulator.
+//
+// # URLs
+//
+//	pubsub://project/topic
+//	pubsub://project/topic?subscription=name&ordering=ordered
+//
+// The first opens a topic for publishing; the second a subscription on it.
+// Both create what is missing: the topic, and the subscription with the
+// ordering asked for (see CreateTopic and CreateSubscription). Subscription
+// parameters map one-to-one onto SubscriptionOptions: subscription (the
+// subscription ID, required), ordering (parallel, exclusive or ordered;
+// default ordered), ackdeadline (a Go duration, 10s to 600s; default 30s;
+// used only when the subscription is created), maxbatch (most messages per
+// Receive; default 100) and maxdeliveryattempts (5 to 100; default 100; used
+// only when the subscription is created). A topic URL takes no parameters;
+// unknown parameters are rejected.
+//
+// # Ordering
+//
+// A subscription's keyorder policy is fixed when it is created: Exclusive and
+// Ordered create it with EnableMessageOrdering, Parallel without. The policy
+// is recorded in the subscription's labels (keyorder-ordering=ordered), so a
+// consumer opening an existing subscription runs it with the policy it was
+// created with; opening it with a different ordering fails with
+// keyorder.CodeFailedPrecondition.
+//
+// Pub/Sub delivers a key's messages in publish order but does not hold a key
+// the way keyorder's Ordered policy needs: a pull may hand over several
+// messages of a key while none is acknowledged, and a nack (or an expired
+// ack deadline) makes the service redeliver the key's later messages too.
+// So the driver declares no native hold (Capabilities.NativeHold false) and
+// the subscribe package holds a group in process: a failed message stays in
+// its lane, its ack deadline kept alive by ExtendLeases, and is retried
+// there before anything behind it. The library never nacks to retry.
+// Release (the nack) is used only for messages the process will not
+// handle, at shutdown or when a lease was lost; the redeliveries of already
+// acknowledged messages that a nack can cause are suppressed by the
+// subscriber's acknowledged-ID set.
+//
+// The test servers differ here, and both are run by the conformance suite.
+// Google's emulator (0.8.20) hands over several messages of a key at once
+// and holds the key while any of them is outstanding, but does NOT hold it
+// after a nack: it queues a nacked or expired message for redelivery behind
+// the key's messages not delivered yet (publish a1..a4, pull a1 a2, nack
+// both: the next pull returns a3 a4 a2 a1). A message returned at shutdown
+// can therefore come back behind its successors there, which the service
+// does not do. pstest (cloud.google.com/go/pubsub/v2/pstest) hands out only
+// the oldest unacknowledged message of each key, so a key's next message
+// arrives only after the previous one is acknowledged, and Exclusive
+// behaves as Ordered on it.
+//
+// Pub/Sub has no per-message delay. A message published with a NotBefore
+// time carries it in the keyorder-not-before attribute (RFC 3339, nanosecond
+// precision) and the subscriber parks its key in process until then.
+//
+// # Delivery semantics
+//
+// At least once. The subscription driver pulls with the unary Pull RPC
+// (asking for an immediate answer, polling every 20 to 200ms while idle)
+// rather than the client library's callback-based Receive, and manages ack
+// deadlines itself: the library's Receive extends the deadline of every
+// message it has buffered until the process stops it, so a consumer that
+// took a message and hung would hold its key forever, and it hides the ack
+// IDs the driver needs to tell a lost lease. A received message is leased
+// for the
+// subscription's ack deadline (Capabilities.LeaseDuration) and the
+// subscriber extends it with ModifyAckDeadline while the message is held or
+// handled. A consumer that dies stops extending, the deadline passes and
+// Pub/Sub redelivers the message, counting the attempt: subscriptions are
+// created with a dead-letter policy (topic <subscription>-dead, at most
+// maxdeliveryattempts deliveries) because only then does Pub/Sub report
+// delivery attempts. Below that bound the subscriber's own retry budget
+// decides; DeadLetter publishes the message to <subscription>-dead with the
+// keyorder-reason and keyorder-attempts attributes and then acknowledges it.
+// The subscription <subscription>-dead-sub keeps those dead letters where
+// DeadLetters lists them and Redrive republishes them on the topic, with
+// their ordering key, after everything published meanwhile.
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	gpubsub "cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Scheme is the URL scheme the package registers.
+const Scheme = "pubsub"
+
+// Attribute names the driver uses. User headers must not use the
+// AttrPrefix.
+const (
+	// AttrPrefix starts every attribute name the driver reserves.
+	AttrPrefix = "keyorder-"
+	// AttrID carries keyorder's message ID.
+	AttrID = "keyorder-id"
+	// AttrNotBefore carries Message.NotBefore (RFC 3339, nanoseconds).
+	AttrNotBefore = "keyorder-not-before"
+	// AttrReason carries a dead letter's reason (at most 1024 bytes).
+	AttrReason = "keyorder-reason"
+	// AttrAttempts carries a dead letter's attempt count.
+	AttrAttempts = "keyorder-attempts"
+	// AttrDeadAt carries when a message was dead-lettered (RFC 3339).
+	AttrDeadAt = "keyorder-dead-at"
+	// LabelOrdering is the subscription label recording the keyorder policy.
+	LabelOrdering = "keyorder-ordering"
+)
+
+// Limits of the service (https://cloud.google.com/pubsub/quotas).
+const (
+	// MaxKeyBytes is the longest ordering key.
+	MaxKeyBytes = 1024
+	// MaxPublishRequestBytes is the largest publish request.
+	MaxPublishRequestBytes = 10_000_000
+	// AttributeRoom is what MaxPayloadBytes leaves for attributes and the
+	// ordering key: 100 attributes of 256-byte names and 1024-byte values
+	// (the service's maxima) plus a 1 KiB key, rounded up to 130 KiB.
+	AttributeRoom = 130 * 1024
+	// MaxPayloadBytes is the largest payload the driver accepts, so that
+	// one message with any valid attributes still fits a publish request.
+	MaxPayloadBytes = MaxPublishRequestBytes - AttributeRoom
+	// MaxBatchMessages is the most messages one publish request carries.
+	MaxBatchMessages = 1000
+	// maxAttrValue is the longest attribute value the service accepts.
+	maxAttrValue = 1024
+)
+
+// Defaults for SubscriptionOptions.
+const (
+	// AckDeadlineDefault is SubscriptionOptions.AckDeadline's default.
+	AckDeadlineDefault = 30 * time.Second
+	// MaxBatchDefault is SubscriptionOptions.MaxBatch's default.
+	MaxBatchDefault = 100
+	// MaxDeliveryAttemptsDefault is SubscriptionOptions.MaxDeliveryAttempts's
+	// default, the service's maximum.
+	MaxDeliveryAttemptsDefault = 100
+	// MinAckDeadline and MaxAckDeadline bound a subscription's ack deadline.
+	MinAckDeadline = 10 * time.Second
+	MaxAckDeadline = 600 * time.Second
+)
+
+// TopicOptions configure a Topic driver. A nil *TopicOptions means defaults.
+type TopicOptions struct {
+	// PublishSettings replaces the client library's publish settings
+	// (batching delay, count, flow control). Defaults to
+	// gpubsub.DefaultPublishSettings.
+	PublishSettings *gpubsub.PublishSettings
+}
+
+// SubscriptionOptions configure a subscription driver, and a subscription
+// when it is created. A nil *SubscriptionOptions means defaults.
+type SubscriptionOptions struct {
+	// Ordering is the keyorder policy. When the subscription exists it must
+	// match the policy recorded at creation. Defaults to policy.Parallel
+	// (zero) for typed use; the URL opener defaults to policy.Ordered.
+	Ordering policy.Ordering
+	// AckDeadline is the subscription's ack deadline, the lease of a
+	// received message until it is extended. Used at creation; an existing
+	// subscription keeps its own. Defaults to AckDeadlineDefault; rounded
+	// up to whole seconds within [MinAckDeadline, MaxAckDeadline].
+	AckDeadline time.Duration
+	// MaxBatch is the most messages one Receive returns. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+	// MaxDeliveryAttempts bounds deliveries in the subscription's
+	// dead-letter policy (5 to 100), after which Pub/Sub itself forwards a
+	// message to <subscription>-dead. Used at creation. Defaults to
+	// MaxDeliveryAttemptsDefault.
+	MaxDeliveryAttempts int
+}
+
+func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
+	var out SubscriptionOptions
+	if o != nil {
+		out = *o
+	}
+	if out.AckDeadline <= 0 {
+		out.AckDeadline = AckDeadlineDefault
+	}
+	out.AckDeadline = min(max(out.AckDeadline, MinAckDeadline), MaxAckDeadline)
+	if r := out.AckDeadline % time.Second; r != 0 {
+		out.AckDeadline += time.Second - r
+	}
+	if out.MaxBatch <= 0 {
+		out.MaxBatch = MaxBatchDefault
+	}
+	if out.MaxDeliveryAttempts <= 0 {
+		out.MaxDeliveryAttempts = MaxDeliveryAttemptsDefault
+	}
+	out.MaxDeliveryAttempts = min(max(out.MaxDeliveryAttempts, 5), 100)
+	return out
+}
+
+// ErrOrderingMismatch is returned when a subscription exists with another
+// keyorder policy (or without one) than the one asked for. It is classified
+// as keyorder.CodeFailedPrecondition.
+var ErrOrderingMismatch = errors.New("pubsub: subscription exists with another ordering")
+
+func topicName(project, id string) string {
+	if strings.HasPrefix(id, "projects/") {
+		return id
+	}
+	return "projects/" + project + "/topics/" + id
+}
+
+func subName(project, id string) string {
+	if strings.HasPrefix(id, "projects/") {
+		return id
+	}
+	return "projects/" + project + "/subscriptions/" + id
+}
+
+// shortID returns the last path element of a resource name.
+func shortID(name string) string { return name[strings.LastIndex(name, "/")+1:] }
+
+// CreateTopic creates topicID in the client's project if it does not exist.
+func CreateTopic(ctx context.Context, client *gpubsub.Client, topicID string) error {
+	name := topicName(client.Project(), topicID)
+	_, err := client.TopicAdminClient.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: name})
+	if status.Code(err) == codes.NotFound {
+		_, err = client.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: name})
+		if status.Code(err) == codes.AlreadyExists {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pubsub: create topic %s: %w", name, err)
+	}
+	return nil
+}
+
+// CreateSubscription creates subscription subID on topicID with the options'
+// ordering, ack deadline and dead-letter policy, together with the dead
+// letter topic <subID>-dead and its subscription <subID>-dead-sub. Existing
+// resources are kept; an existing subscription with another ordering fails
+// with ErrOrderingMismatch.
+func CreateSubscription(ctx context.Context, client *gpubsub.Client, topicID, subID string, opts *SubscriptionOptions) error {
+	o := opts.withDefaults()
+	project := client.Project()
+	name := subName(project, subID)
+	dead := topicName(project, shortID(name)+"-dead")
+	if err := CreateTopic(ctx, client, dead); err != nil {
+		return err
+	}
+	deadSub := subName(project, shortID(name)+"-dead-sub")
+	if _, err := client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: deadSub, Topic: dead, AckDeadlineSeconds: 10,
+		Labels: map[string]string{"keyorder-role": "dead-letters"},
+	}); err != nil && status.Code(err) != codes.AlreadyExists {
+		return fmt.Errorf("pubsub: create subscription %s: %w", deadSub, err)
+	}
+	_, err := client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name:                  name,
+		Topic:                 topicName(project, topicID),
+		AckDeadlineSeconds:    int32(o.AckDeadline / time.Second),
+		EnableMessageOrdering: o.Ordering.Keyed(),
+		Labels:                map[string]string{LabelOrdering: o.Ordering.String()},
+		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{
+			DeadLetterTopic:     dead,
+			MaxDeliveryAttempts: int32(o.MaxDeliveryAttempts),
+		},
+		MessageRetentionDuration: durationpb.New(7 * 24 * time.Hour),
+	})
+	if status.Code(err) == codes.AlreadyExists {
+		_, err = subscriptionOrdering(ctx, client, name, o.Ordering)
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("pubsub: create subscription %s: %w", name, err)
+	}
+	return nil
+}
+
+// subscriptionOrdering reads an existing subscription's policy from its
+// label and checks it against want.
+func subscriptionOrdering(ctx context.Context, client *gpubsub.Client, name string, want policy.Ordering) (*pubsubpb.Subscription, error) {
+	sub, err := client.SubscriptionAdminClient.GetSubscription(ctx, &pubsubpb.GetSubscriptionRequest{Subscription: name})
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: subscription %s: %w", name, err)
+	}
+	label, ok := sub.Labels[LabelOrdering]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s has no %s label (not created by keyorder; message ordering %v), want %v",
+			ErrOrderingMismatch, name, LabelOrdering, sub.EnableMessageOrdering, want)
+	}
+	got, err := policy.ParseOrdering(label)
+	if err != nil || got != want || got.Keyed() != sub.EnableMessageOrdering {
+		return nil, fmt.Errorf("%w: %s was created with ordering %s (message ordering %v), want %v",
+			ErrOrderingMismatch, name, label, sub.EnableMessageOrdering, want)
+	}
+	return sub, nil
+}
+
+// isRetryable reports whether err is a transient gRPC status.
+func isRetryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Internal:
+		return !errors.Is(err, context.DeadlineExceeded)
+	}
+	return false
+}
+
+// errorCode classifies an error of this driver.
+func errorCode(err error) keyorder.ErrorCode {
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return keyorder.CodeCanceled
+	case errors.Is(err, ErrOrderingMismatch):
+		return keyorder.CodeFailedPrecondition
+	case errors.Is(err, errBadHeader):
+		return keyorder.CodeInvalidArgument
+	}
+	switch status.Code(err) {
+	case codes.NotFound:
+		return keyorder.CodeNotFound
+	case codes.InvalidArgument, codes.OutOfRange:
+		return keyorder.CodeInvalidArgument
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Internal:
+		return keyorder.CodeUnavailable
+	case codes.ResourceExhausted:
+		return keyorder.CodeResourceExhausted
+	case codes.FailedPrecondition, codes.AlreadyExists:
+		return keyorder.CodeFailedPrecondition
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return keyorder.CodePermissionDenied
+	case codes.Canceled:
+		return keyorder.CodeCanceled
+	}
+	return keyorder.CodeUnknown
+}
+
+// URLOpener opens pubsub:// URLs. Each URL opened gets its own client
+// (gpubsub.NewClient for the URL's project), closed with the driver.
+type URLOpener struct{}
+
+func init() {
+	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+}
+
+func projectAndTopic(u *url.URL) (string, string, error) {
+	project, topic := u.Host, strings.Trim(u.Path, "/")
+	if project == "" {
+		return "", "", adapters.BadParam(u, "host", "missing project (pubsub://project/topic)")
+	}
+	if topic == "" || strings.Contains(topic, "/") {
+		return "", "", adapters.BadParam(u, "path", "want one topic ID (pubsub://project/topic)")
+	}
+	return project, topic, nil
+}
+
+// OpenTopicURL opens pubsub://project/topic, creating the topic if needed.
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+	project, topic, err := projectAndTopic(u)
+	if err != nil {
+		return nil, err
+	}
+	for p := range u.Query() {
+		return nil, adapters.BadParam(u, p, "unknown parameter (a topic URL takes none)")
+	}
+	client, err := gpubsub.NewClient(ctx, project)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: client for project %s: %w", project, err)
+	}
+	if err := CreateTopic(ctx, client, topic); err != nil {
+		client.Close()
+		return nil, err
+	}
+	t, err := OpenTopic(ctx, client, topic, nil)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	t.ownClient = true
+	return t, nil
+}
+
+// parseSubscriptionURL maps the URL's parameters onto SubscriptionOptions.
+func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts SubscriptionOptions, err error) {
+	project, topic, err = projectAndTopic(u)
+	if err != nil {
+		return
+	}
+	opts.Ordering = policy.Ordered
+	for p, vs := range u.Query() {
+		v := vs[0]
+		var perr error
+		switch p {
+		case "subscription":
+			sub = v
+			if v == "" || strings.Contains(v, "/") {
+				perr = errors.New("want a subscription ID")
+			}
+		case "ordering":
+			opts.Ordering, perr = policy.ParseOrdering(v)
+		case "ackdeadline":
+			opts.AckDeadline, perr = time.ParseDuration(v)
+			if perr == nil && (opts.AckDeadline < MinAckDeadline || opts.AckDeadline > MaxAckDeadline) {
+				perr = fmt.Errorf("want a duration from %v to %v", MinAckDeadline, MaxAckDeadline)
+			}
+		case "maxbatch", "maxdeliveryattempts":
+			var n int
+			n, perr = strconv.Atoi(v)
+			switch {
+			case perr != nil || n <= 0:
+				perr = errors.New("want a positive integer")
+			case p == "maxbatch":
+				opts.MaxBatch = n
+			case n < 5 || n > 100:
+				perr = errors.New("want 5 to 100")
+			default:
+				opts.MaxDeliveryAttempts = n
+			}
+		default:
+			perr = errors.New("unknown parameter")
+		}
+		if perr != nil {
+			err = adapters.BadParam(u, p, perr.Error())
+			return
+		}
+	}
+	if sub == "" {
+		err = adapters.BadParam(u, "subscription", "required")
+	}
+	return
+}
+
+// OpenSubscriptionURL opens pubsub://project/topic?subscription=name&...,
+// creating the topic and the subscription if needed.
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+	project, topic, sub, opts, err := parseSubscriptionURL(u)
+	if err != nil {
+		return nil, err
+	}
+	client, err := gpubsub.NewClient(ctx, project)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: client for project %s: %w", project, err)
+	}
+	if err := CreateTopic(ctx, client, topic); err == nil {
+		err = CreateSubscription(ctx, client, topic, sub, &opts)
+	}
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	s, err := OpenSubscription(ctx, client, sub, &opts)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	s.ownClient = true
+	return s, nil
+}

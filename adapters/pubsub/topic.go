@@ -1,0 +1,131 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	gpubsub "cloud.google.com/go/pubsub/v2"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+)
+
+var errBadHeader = errors.New("pubsub: invalid header")
+
+// Topic is the adapters.Topic driver of a Pub/Sub topic.
+type Topic struct {
+	client    *gpubsub.Client
+	pub       *gpubsub.Publisher
+	ownClient bool
+}
+
+var _ adapters.Topic = (*Topic)(nil)
+
+// OpenTopic returns a publishing driver for topicID (an ID in the client's
+// project or a full projects/p/topics/t name). The topic must exist (see
+// CreateTopic). The client stays the caller's: Close does not close it.
+func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts *TopicOptions) (*Topic, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: pubsub.OpenTopic: nil client", keyorder.ErrInvalidConfig)
+	}
+	pub := client.Publisher(topicName(client.Project(), topicID))
+	if opts != nil && opts.PublishSettings != nil {
+		pub.PublishSettings = *opts.PublishSettings
+	}
+	pub.EnableMessageOrdering = true
+	return &Topic{client: client, pub: pub}, nil
+}
+
+// toPubSub converts a driver message, carrying the key natively and the ID
+// and not-before time in attributes.
+func toPubSub(m *adapters.Message) (*gpubsub.Message, error) {
+	attrs := make(map[string]string, len(m.Headers)+2)
+	for k, v := range m.Headers {
+		if strings.HasPrefix(k, AttrPrefix) {
+			return nil, fmt.Errorf("%w %q: the %s prefix is reserved for the driver", errBadHeader, k, AttrPrefix)
+		}
+		attrs[k] = v
+	}
+	if m.ID != "" {
+		attrs[AttrID] = m.ID
+	}
+	if !m.NotBefore.IsZero() {
+		attrs[AttrNotBefore] = m.NotBefore.UTC().Format(time.RFC3339Nano)
+	}
+	return &gpubsub.Message{Data: m.Payload, Attributes: attrs, OrderingKey: m.Key}, nil
+}
+
+// SendBatch publishes ms with the client library's publisher (message
+// ordering enabled) and waits for every result. The publisher may split the
+// batch into several requests; a key's requests go out one at a time in
+// order, so a failure leaves a prefix sent and the error covers the whole
+// batch (the portable layer may then send the prefix twice, never lose it).
+//
+// The client library pauses an ordering key after a failed publish and
+// fails the key's later publishes until ResumePublish. keyorder's publisher
+// owns pausing (it pauses the key itself and lets the application resume
+// it), so SendBatch resumes the key in the client library before it returns
+// the error: the library's pause never outlives the batch that caused it.
+func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msgs := make([]*gpubsub.Message, len(ms))
+	for i, m := range ms {
+		pm, err := toPubSub(m)
+		if err != nil {
+			return err
+		}
+		msgs[i] = pm
+	}
+	results := make([]*gpubsub.PublishResult, len(msgs))
+	for i, pm := range msgs {
+		results[i] = t.pub.Publish(ctx, pm)
+	}
+	var first error
+	for i, r := range results {
+		if _, err := r.Get(ctx); err != nil {
+			var paused gpubsub.ErrPublishingPaused
+			if first == nil || (errors.As(first, &paused) && !errors.As(err, &paused)) {
+				first = err
+			}
+			if k := msgs[i].OrderingKey; k != "" {
+				defer t.pub.ResumePublish(k)
+			}
+		}
+	}
+	return first
+}
+
+// Limits returns Pub/Sub's limits: keys of at most 1024 bytes of UTF-8,
+// payloads of MaxPayloadBytes (the 10 MB request limit less room for
+// attributes and the key), 1000 messages per batch.
+func (t *Topic) Limits() adapters.Limits {
+	return adapters.Limits{
+		Backend:          "pubsub",
+		MaxKeyBytes:      MaxKeyBytes,
+		KeyUTF8:          true,
+		MaxPayloadBytes:  MaxPayloadBytes,
+		MaxBatchMessages: MaxBatchMessages,
+	}
+}
+
+// IsRetryable reports whether err is a transient gRPC status (Unavailable,
+// DeadlineExceeded from the service, ResourceExhausted, Aborted, Internal).
+func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err by its gRPC status code.
+func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close flushes and stops the publisher, and closes the client if the
+// driver opened it (URL opener).
+func (t *Topic) Close() error {
+	t.pub.Stop()
+	if t.ownClient {
+		return t.client.Close()
+	}
+	return nil
+}
