@@ -346,13 +346,19 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			return nil
 		}
 		ms, err := s.drv.Receive(ctx, n)
-		s.releaseTokens(n - len(ms))
+		if len(ms) > n {
+			// A driver broke its contract; the extra messages carry no
+			// token rather than releasing tokens never taken (which would
+			// block the pump for good).
+			s.cfg.Logger.Error("keyorder: driver returned more messages than asked", "asked", n, "got", len(ms))
+		}
+		s.releaseTokens(n - min(len(ms), n))
 		if err != nil && len(ms) > 0 {
 			// Messages that came with an error go back unhandled; their
 			// tokens with them.
 			its = its[:0]
-			for _, m := range ms {
-				its = append(its, &item{m: m, hasToken: true})
+			for i, m := range ms {
+				its = append(its, &item{m: m, hasToken: i < n})
 			}
 			s.giveBack(its)
 		}
@@ -379,9 +385,9 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		clear(its)
 		its = its[:0]
 		var prev *item
-		for _, m := range ms {
+		for i, m := range ms {
 			s.seq++
-			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: true, seq: s.seq}
+			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: i < n, seq: s.seq}
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {
 					if prev.chain == nil {

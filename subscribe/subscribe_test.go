@@ -3,6 +3,7 @@ package subscribe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -267,4 +268,33 @@ func TestRunMisuse(t *testing.T) {
 	if _, err := subscribe.Open(context.Background(), "mem://t", nil); !errors.Is(err, keyorder.ErrBadURL) {
 		t.Fatalf("subscription URL without a name = %v", err)
 	}
+}
+
+// greedy returns more messages than asked, breaking the driver contract.
+type greedy struct{ adapters.Subscription }
+
+func (g greedy) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+	return g.Subscription.Receive(ctx, max+5)
+}
+
+// A driver returning more than asked must not leak or double-release
+// flow-control tokens (which would stop the pump for good).
+func TestDriverReturningTooManyDoesNotStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
+		raw, _ := w.b.OpenSubscription("s")
+		var calls atomic.Int32
+		_, stop := w.start(t, greedy{raw}, &subscribe.Config{Workers: 2, MaxOutstanding: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+			calls.Add(1)
+			return nil
+		})
+		for i := range 40 {
+			w.publish(t, fmt.Sprint("m", i), fmt.Sprint("k", i%7))
+		}
+		synctest.Wait()
+		stop()
+		if calls.Load() != 40 {
+			t.Fatalf("handled %d of 40", calls.Load())
+		}
+	})
 }
