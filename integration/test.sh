@@ -3,6 +3,8 @@
 # emulator, ElasticMQ (SQS) and a Pulsar standalone broker, all started on
 # 127.0.0.1 by integration/cmd/testenv and stopped again when the tests end.
 # Extra arguments go to `go test`, e.g. ./integration/test.sh -run TestPulsar -v
+# Packages run one at a time (-p 1): the real-server suites measure time in
+# units of 250ms and two of them at once on 2 cores made them flaky.
 # Environment: KEYORDER_TEST_PACKAGES (default ./...), KEYORDER_MVN_ARGS
 # (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep").
 set -euo pipefail
@@ -14,4 +16,4 @@ mkdir -p .testenv/bin
 go build -o .testenv/bin/testenv ./integration/cmd/testenv
 # shellcheck disable=SC2086 # TESTENV_FLAGS and KEYORDER_TEST_PACKAGES are word lists
 exec .testenv/bin/testenv run ${TESTENV_FLAGS:-} -- \
-	go test -race -count=1 ${KEYORDER_TEST_PACKAGES:-./...} "$@"
+	go test -race -count=1 -p 1 ${KEYORDER_TEST_PACKAGES:-./...} "$@"
