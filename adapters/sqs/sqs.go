@@ -72,13 +72,18 @@
 //
 // One ReceiveMessage call returns up to 10 messages, and SQS prefers
 // several of one group: those form a chain that the subscriber runs in
-// order. When a receive returned chain tails and room is left, Receive
-// makes one more immediate receive to fill the room with other groups'
-// heads, and puts back chain tails that do not fit: a chain tail never
-// takes a worker slot that a deliverable head of another group could use.
-// Put-back messages (Release, chain tails, not-before holds) are made
-// visible again with ChangeMessageVisibility(0); SQS redelivers a group's
-// messages in order once none of them is in flight.
+// order. SQS does not hand out groups oldest first (ElasticMQ, asked for one
+// message with a1 in flight and s1, b1 queued behind it in that order,
+// returns b1). So Receive always receives a full batch of 10 and chooses:
+// the oldest group heads first (by SequenceNumber), then their chain tails
+// while room is left; it puts the rest back at once. A chain tail never
+// takes a worker slot that another group's head could use, and groups go
+// oldest first as far as one receive shows them. The price, when the
+// subscriber asks for fewer than 10, is a ChangeMessageVisibilityBatch call
+// for what it puts back. Put-back messages (Release, chain tails,
+// not-before holds' successors) are made visible again with
+// ChangeMessageVisibility(0), in order; SQS redelivers a group's messages
+// in order once none of them is in flight.
 //
 // # Delivery semantics
 //

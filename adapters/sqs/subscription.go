@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -51,6 +52,7 @@ type delivery struct {
 	group   string
 	body    string
 	attrs   map[string]types.MessageAttributeValue
+	seq     string // SequenceNumber, a decimal
 }
 
 // OpenSubscription returns a consuming driver for the FIFO queue at
@@ -148,20 +150,16 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		if dl, ok := ctx.Deadline(); ok {
 			wait = min(wait, max(time.Until(dl).Truncate(time.Second), 0))
 		}
-		raw, err := s.receiveRaw(ctx, s.queueURL, maxMessages, wait, s.lease)
+		// Always ask for a full batch: SQS does not hand out groups oldest
+		// first, so Receive chooses the oldest heads itself (see fit).
+		raw, err := s.receiveRaw(ctx, s.queueURL, MaxBatchMessages, wait, s.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, err
 		}
-		ms := s.admit(raw)
-		if len(ms) > 0 && len(ms) < maxMessages && hasTails(ms) {
-			// Fill the room with other groups' heads; tails give way.
-			if more, err := s.receiveRaw(ctx, s.queueURL, maxMessages-len(ms), 0, s.lease); err == nil {
-				ms = s.fit(append(ms, s.admit(more)...), maxMessages)
-			}
-		}
+		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
 			return ms, ctx.Err()
 		}
@@ -188,6 +186,7 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 			types.MessageSystemAttributeNameApproximateReceiveCount,
 			types.MessageSystemAttributeNameSentTimestamp,
 			types.MessageSystemAttributeNameMessageGroupId,
+			types.MessageSystemAttributeNameSequenceNumber,
 		},
 		MessageAttributeNames: []string{"All"},
 	})
@@ -198,18 +197,6 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 }
 
 func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
-
-func hasTails(ms []*adapters.Message) bool {
-	seen := map[string]bool{}
-	for _, m := range ms {
-		g := groupOf(m)
-		if seen[g] {
-			return true
-		}
-		seen[g] = true
-	}
-	return false
-}
 
 // admit decodes received messages, holds those whose not-before time is
 // more than a second away (and puts back their groups' later messages), and
@@ -263,38 +250,67 @@ func groupOrder(ms []*adapters.Message) []*adapters.Message {
 	return ms
 }
 
-// fit trims ms to n messages by putting back the last messages of the
-// longest chains.
+// compareSeq orders two SequenceNumbers (decimals of any length).
+func compareSeq(a, b string) int {
+	if c := cmp.Compare(len(a), len(b)); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
+// fit chooses at most n of ms (grouped by groupOrder): the oldest group
+// heads first, by SequenceNumber, then their chain tails in order while
+// room is left; it puts the rest back. A chain tail thus never takes the
+// place of another group's head, and groups go oldest first as far as one
+// receive shows them.
 func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
-	ms = groupOrder(ms)
+	if len(ms) == 0 {
+		return ms
+	}
+	type chain struct{ ms []*adapters.Message }
+	var chains []*chain
+	byGroup := map[string]*chain{}
+	for _, m := range ms {
+		g := groupOf(m)
+		c := byGroup[g]
+		if c == nil {
+			c = &chain{}
+			byGroup[g] = c
+			chains = append(chains, c)
+		}
+		c.ms = append(c.ms, m)
+	}
+	slices.SortStableFunc(chains, func(a, b *chain) int {
+		return compareSeq(a.ms[0].AckID.(*delivery).seq, b.ms[0].AckID.(*delivery).seq)
+	})
+	take := make([]int, len(chains))
+	room := n
+	for i := range chains {
+		if room > 0 {
+			take[i] = 1
+			room--
+		}
+	}
+	for i, c := range chains {
+		if take[i] == 0 {
+			continue
+		}
+		extra := min(room, len(c.ms)-1)
+		take[i] += extra
+		room -= extra
+	}
+	out := make([]*adapters.Message, 0, n)
 	var back []*adapters.Message
-	for len(ms) > n {
-		count := map[string]int{}
-		for _, m := range ms {
-			count[groupOf(m)]++
-		}
-		best := ""
-		for _, m := range ms {
-			if g := groupOf(m); count[g] > count[best] {
-				best = g
-			}
-		}
-		last := -1
-		for i, m := range ms {
-			if groupOf(m) == best {
-				last = i
-			}
-		}
-		back = append(back, ms[last])
-		ms = slices.Delete(ms, last, last+1)
+	for i, c := range chains {
+		out = append(out, c.ms[:take[i]]...)
+		back = append(back, c.ms[take[i]:]...)
 	}
 	if len(back) > 0 {
-		slices.Reverse(back) // earlier first
 		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
 		s.Release(ctx, back)
 		cancel()
 	}
-	return ms
+	return out
 }
 
 // decode converts a received message.
@@ -305,6 +321,7 @@ func (s *Subscription) decode(rm *types.Message) *adapters.Message {
 		group:   rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)],
 		body:    aws.ToString(rm.Body),
 		attrs:   rm.MessageAttributes,
+		seq:     rm.Attributes[string(types.MessageSystemAttributeNameSequenceNumber)],
 	}
 	m := &adapters.Message{AckID: d, Payload: []byte(d.body)}
 	for k, v := range rm.MessageAttributes {
