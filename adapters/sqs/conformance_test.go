@@ -39,12 +39,7 @@ func newClient(t *testing.T) (*awssqs.Client, string) {
 }
 
 func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{
-		"ExclusiveAllowsOvertaking": "SQS holds a message group natively: a failed message is returned with " +
-			"ChangeMessageVisibility(delay) and SQS blocks its group while it is in flight, so 102 cannot be " +
-			"delivered while 101 waits for its retry; on SQS Exclusive behaves as Ordered, which is stricter " +
-			"and still keeps at most one message of a key in flight",
-	}}
+	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{}}
 }
 
 func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {

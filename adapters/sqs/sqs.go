@@ -54,14 +54,16 @@
 // own (its ID), so keyless messages are not serialized. Under Parallel every
 // message gets a group of its own, so SQS does not serialize a key either.
 //
-// SQS holds a group natively (Capabilities.NativeHold): a failed message is
-// returned with ChangeMessageVisibility(delay), and the group's later
-// messages stay blocked until it is deleted. Visibility timeouts are whole
-// seconds, so a retry delay is rounded up to the next second (at most 12
-// hours). The consequence under Exclusive is that a failed message also
-// holds its group while it waits for its retry: Exclusive behaves as
-// Ordered, which is stricter and still keeps at most one message of a key in
-// flight.
+// SQS holds a group natively (Capabilities.NativeHold): under Ordered a
+// failed message is returned with ChangeMessageVisibility(delay), and the
+// group's later messages stay blocked until it is deleted. Visibility
+// timeouts are whole seconds, so a retry delay is rounded up to the next
+// second (at most 12 hours). Under Exclusive, where later messages may
+// overtake a failed one, a failed message is instead sent again to the end
+// of its group, carrying its attempt count (keyorder-attempts) and its
+// retry time as not-before time, and the original is deleted: the group
+// runs on, at most one of its messages in flight, and the retry comes when
+// its turn and its time have come.
 //
 // FIFO queues have no per-message delay. A message published with a
 // NotBefore time carries it in the keyorder-not-before attribute; when it is
@@ -131,7 +133,7 @@
 // the attribute keyorder-encoding=base64 and decoded on receive. SQS bodies
 // cannot be empty (Limits.PayloadRequired). Headers travel as String
 // message attributes; SQS allows 10 attributes per message, of which the
-// driver uses up to 4 on the queue and 6 in the dead-letter queue, so a
+// driver uses up to 5 on the queue and 6 in the dead-letter queue, so a
 // message may carry at most 4 headers (MaxHeaders).
 package sqs
 
@@ -178,7 +180,8 @@ const (
 	AttrEncoding = "keyorder-encoding"
 	// AttrReason carries a dead letter's reason (at most 1024 bytes).
 	AttrReason = "keyorder-reason"
-	// AttrAttempts carries a dead letter's attempt count.
+	// AttrAttempts carries a dead letter's attempt count, and the attempts
+	// made before an Exclusive retry was sent to the end of its group.
 	AttrAttempts = "keyorder-attempts"
 	// AttrDeadAt carries when a message was dead-lettered (RFC 3339).
 	AttrDeadAt = "keyorder-dead-at"
@@ -210,7 +213,8 @@ const (
 	// MaxBatchMessages is the most messages of one SQS batch call.
 	MaxBatchMessages = 10
 	// MaxHeaders is the most headers a message may carry: SQS allows 10
-	// attributes, and a dead letter carries up to 6 of the driver's.
+	// attributes, and a dead letter carries up to 6 of the driver's (5 on
+	// the queue).
 	MaxHeaders = 4
 	// MaxVisibility is SQS's longest visibility timeout.
 	MaxVisibility = 12 * time.Hour

@@ -352,7 +352,8 @@ func (s *Subscription) decode(rm *types.Message) *adapters.Message {
 		m.ID = d.sqsID
 	}
 	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
-	m.Attempt = max(n-s.book.get(d.sqsID), 1)
+	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
+	m.Attempt = prior + max(n-s.book.get(d.sqsID), 1)
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)
 	}
@@ -382,11 +383,24 @@ func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 	return errors.Join(errs...)
 }
 
-// Nack makes m visible again after delay (rounded up to whole seconds, at
-// most 12h); until then its group stays blocked. The receive counted the
+// Nack returns a failed message to be redelivered not before delay.
+//
+// Under Ordered (and Parallel, where each message is its own group) it
+// makes m visible again after delay (rounded up to whole seconds, at most
+// 12h); until then its group stays blocked. The receive counted the
 // attempt.
+//
+// Under Exclusive, where later messages may overtake a failed one, it
+// sends a copy of m to the end of its group, carrying the attempts made
+// (keyorder-attempts) and the retry time as its not-before time, and then
+// deletes m: the group's later messages run meanwhile, and the copy is
+// held when it is received early. If the delete fails after the copy was
+// sent, m comes back too (at least once).
 func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	d := m.AckID.(*delivery)
+	if s.ordering == policy.Exclusive && m.Key != "" {
+		return s.requeue(ctx, m, delay)
+	}
 	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
 		VisibilityTimeout: seconds(delay),
@@ -394,6 +408,31 @@ func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 	if err != nil {
 		return fmt.Errorf("sqs: nack: %w", err)
 	}
+	return nil
+}
+
+func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	d := m.AckID.(*delivery)
+	attrs := make(map[string]types.MessageAttributeValue, len(d.attrs)+2)
+	for k, v := range d.attrs {
+		attrs[k] = v
+	}
+	attrs[AttrAttempts] = stringAttr(strconv.Itoa(m.Attempt))
+	attrs[AttrNotBefore] = stringAttr(time.Now().Add(delay).UTC().Format(time.RFC3339Nano))
+	if _, ok := attrs[AttrID]; !ok {
+		attrs[AttrID] = stringAttr(m.ID)
+	}
+	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl: aws.String(s.queueURL), MessageBody: aws.String(d.body), MessageAttributes: attrs,
+		MessageGroupId:         aws.String(d.group),
+		MessageDeduplicationId: aws.String(dedupID(m.ID + "/retry/" + randomID())),
+	}); err != nil {
+		return fmt.Errorf("sqs: nack %s (requeue): %w", m.ID, err)
+	}
+	if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt)}); err != nil {
+		return fmt.Errorf("sqs: nack %s: requeued, but deleting the original failed (it will be delivered again): %w", m.ID, err)
+	}
+	s.book.forget(d.sqsID)
 	return nil
 }
 
