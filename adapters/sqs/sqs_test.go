@@ -296,3 +296,27 @@ func TestURLOpenAndOrderingMismatch(t *testing.T) {
 		t.Fatalf("receive from a deleted queue: %v (code %v)", err, sub.ErrorCode(err))
 	}
 }
+
+func TestExpiredLeaseReportedLost(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, time.Second)
+	send(t, topic, "a1:A", "b1:B")
+	ms, names := receive(t, sub, 10, 5*time.Second)
+	if len(ms) != 2 {
+		t.Fatalf("received %v", names)
+	}
+	a1, b1 := ms[0], ms[1]
+	time.Sleep(700 * time.Millisecond)
+	if lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{b1}); err != nil || len(lost) != 0 {
+		t.Fatalf("extending a live lease: lost %v, %v", lost, err)
+	}
+	time.Sleep(800 * time.Millisecond)
+	// a1's lease expired and another consumer took it; b1's was extended.
+	again, names := receive(t, sub, 10, 5*time.Second)
+	if !slices.Equal(names, []string{"a1@2"}) {
+		t.Fatalf("after a1's lease expired received %v, want a1 with attempt 2", names)
+	}
+	lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{a1, b1, again[0]})
+	if err != nil || len(lost) != 1 || lost[0] != a1 {
+		t.Fatalf("ExtendLeases lost %v, %v; want the first a1 only", lost, err)
+	}
+}
