@@ -102,7 +102,8 @@
 // Attempts are counted by the library, not by SQS's redrive policy (the
 // queue has none): Message.Attempt is the message's ApproximateReceiveCount
 // minus the receives this process knows did not count, the not-before holds
-// and the put-backs (Release) it made. That bookkeeping is per process
+// and the put-backs (Release) it made, plus the attempts an Exclusive retry
+// carries in keyorder-attempts when it was sent to the end of its group. That bookkeeping is per process
 // (shared by every driver of one queue URL in the process, bounded to the
 // last 100,000 messages). A message put back by one process and received by
 // another is seen there with one attempt more than it had; after a crash
@@ -155,7 +156,6 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/smithy-go"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -424,7 +424,7 @@ func queueOrdering(ctx context.Context, client *sqs.Client, queueURL string, wan
 // apiCode returns the error code of an SQS API error, without the
 // "AWS.SimpleQueueService." prefix of the query protocol.
 func apiCode(err error) string {
-	var ae smithy.APIError
+	var ae interface{ ErrorCode() string } // smithy.APIError, BatchEntryError
 	if errors.As(err, &ae) {
 		c := ae.ErrorCode()
 		c = strings.TrimPrefix(c, "AWS.SimpleQueueService.")

@@ -13,7 +13,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/aws/smithy-go"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -186,8 +185,8 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	return nil
 }
 
-// BatchEntryError is a failed entry of an SQS batch call; it unwraps to a
-// smithy.GenericAPIError with the entry's code.
+// BatchEntryError reports the failed entries of an SQS batch call; its
+// ErrorCode is the first failed entry's code, as for SQS API errors.
 type BatchEntryError struct {
 	Op          string
 	Code        string
@@ -201,19 +200,11 @@ func (e *BatchEntryError) Error() string {
 	return fmt.Sprintf("sqs: %s: %d entries failed, first: %s: %s (sender fault %v)", e.Op, e.Failed, e.Code, e.Message, e.SenderFault)
 }
 
-// ErrorCode returns the entry's error code (smithy.APIError).
+// ErrorCode returns the first failed entry's error code.
 func (e *BatchEntryError) ErrorCode() string { return e.Code }
 
-// ErrorMessage returns the entry's message (smithy.APIError).
+// ErrorMessage returns the first failed entry's message.
 func (e *BatchEntryError) ErrorMessage() string { return e.Message }
-
-// ErrorFault reports the fault side (smithy.APIError).
-func (e *BatchEntryError) ErrorFault() smithy.ErrorFault {
-	if e.SenderFault {
-		return smithy.FaultClient
-	}
-	return smithy.FaultServer
-}
 
 func batchError(op string, failed []types.BatchResultErrorEntry) error {
 	f := failed[0]
