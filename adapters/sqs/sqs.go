@@ -30,6 +30,7 @@
 //     queue with another ordering fails with keyorder.CodeFailedPrecondition.
 //   - visibility: the lease (visibility timeout) of a received message, a Go
 //     duration of at least 1s, rounded up to whole seconds; default 30s.
+//   - oldestfirst: true or false (default); see Ordering.
 //   - wait: the long-poll wait of one ReceiveMessage call, 0s to 20s;
 //     default 2s (see Delivery semantics).
 //   - subscription: accepted for symmetry with other backends; it must equal
@@ -74,18 +75,23 @@
 //
 // One ReceiveMessage call returns up to 10 messages, and SQS prefers
 // several of one group: those form a chain that the subscriber runs in
-// order. SQS does not hand out groups oldest first (ElasticMQ, asked for one
-// message with a1 in flight and s1, b1 queued behind it in that order,
-// returns b1). So Receive always receives a full batch of 10 and chooses:
-// the oldest group heads first (by SequenceNumber), then their chain tails
-// while room is left; it puts the rest back at once. A chain tail never
-// takes a worker slot that another group's head could use, and groups go
-// oldest first as far as one receive shows them. The price, when the
-// subscriber asks for fewer than 10, is a ChangeMessageVisibilityBatch call
-// for what it puts back. Put-back messages (Release, chain tails,
-// not-before holds' successors) are made visible again with
-// ChangeMessageVisibility(0), in order; SQS redelivers a group's messages
-// in order once none of them is in flight.
+// order. Receive returns each group's messages consecutively. SQS does not
+// hand out groups oldest first, and a chain's tail takes worker slots that
+// other groups' heads could use (ElasticMQ, asked for 2 messages of the
+// arrivals a1(A) a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1
+// before s1). By default Receive takes what SQS chose. With
+// Options.OldestFirst (URL parameter oldestfirst=true) it asks for a full
+// batch of 10 and chooses: the oldest group heads first (by
+// SequenceNumber), then their chain tails while room is left, and puts the
+// rest back at once; groups then go oldest first as far as one receive
+// shows them. The price is a ChangeMessageVisibilityBatch call whenever the
+// subscriber asks for fewer than SQS returned, and receive counts raised by
+// those put-backs, which other consuming processes count as attempts (see
+// Delivery semantics): OldestFirst is for a single consuming process.
+// Put-back messages (Release, OldestFirst's surplus, not-before holds'
+// successors) are made visible again with ChangeMessageVisibility(0), in
+// order; SQS redelivers a group's messages in order once none of them is in
+// flight, and keeps the group blocked while any of them is.
 //
 // # Delivery semantics
 //
@@ -244,6 +250,14 @@ type Options struct {
 	// At least 1s, rounded up to whole seconds, at most 12h. Defaults to
 	// VisibilityDefault.
 	Visibility time.Duration
+	// OldestFirst makes Receive ask SQS for a full batch of 10 and hand
+	// out the oldest group heads among them first, putting back what the
+	// subscriber did not ask for (see Ordering in the package
+	// documentation). Every put-back raises the message's
+	// ApproximateReceiveCount, which other processes see as attempts: use
+	// it with one consuming process. Defaults to false: Receive asks SQS
+	// for exactly what the subscriber asked and takes SQS's choice.
+	OldestFirst bool
 	// WaitTime is the long-poll wait of one ReceiveMessage call, 0 to 20s,
 	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0
 	// (short polling).
@@ -553,6 +567,8 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 			if perr == nil && c.opts.WaitTime == 0 {
 				c.opts.WaitTime = -1
 			}
+		case "oldestfirst":
+			c.opts.OldestFirst, perr = strconv.ParseBool(v)
 		case "subscription":
 			if v != c.queue {
 				perr = fmt.Errorf("an SQS queue is its own subscription: want %q or no parameter", c.queue)

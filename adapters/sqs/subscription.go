@@ -33,6 +33,8 @@ type Subscription struct {
 	wait     time.Duration
 	book     *book
 
+	oldestFirst bool
+
 	mu      sync.Mutex
 	closed  bool
 	deadURL string
@@ -74,7 +76,7 @@ func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	return &Subscription{
 		client: client, queueURL: queueURL, deadName: dead,
 		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
-		book: bookFor(queueURL),
+		book: bookFor(queueURL), oldestFirst: o.OldestFirst,
 	}, nil
 }
 
@@ -150,9 +152,13 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		if dl, ok := ctx.Deadline(); ok {
 			wait = min(wait, max(time.Until(dl).Truncate(time.Second), 0))
 		}
-		// Always ask for a full batch: SQS does not hand out groups oldest
-		// first, so Receive chooses the oldest heads itself (see fit).
-		raw, err := s.receiveRaw(ctx, s.queueURL, MaxBatchMessages, wait, s.lease)
+		// OldestFirst asks for a full batch: SQS does not hand out groups
+		// oldest first, so Receive chooses the oldest heads itself (see fit).
+		ask := maxMessages
+		if s.oldestFirst {
+			ask = MaxBatchMessages
+		}
+		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
