@@ -188,11 +188,16 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 // BatchEntryError reports the failed entries of an SQS batch call; its
 // ErrorCode is the first failed entry's code, as for SQS API errors.
 type BatchEntryError struct {
-	Op          string
-	Code        string
-	Message     string
+	// Op names the call ("send", "delete", "change visibility").
+	Op string
+	// Code and Message are the first failed entry's.
+	Code    string
+	Message string
+	// SenderFault is the first failed entry's: false means SQS's fault
+	// (transient).
 	SenderFault bool
-	Failed      int // entries of the call that failed
+	// Failed counts the entries of the call that failed.
+	Failed int
 }
 
 // Error implements error.
