@@ -72,9 +72,13 @@ func TestBadURLParams(t *testing.T) {
 // open creates a fresh queue and returns its topic and one consumer.
 func open(t *testing.T, ordering policy.Ordering, vis time.Duration) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {
 	t.Helper()
+	return openWith(t, &sqs.Options{Ordering: ordering, Visibility: vis, WaitTime: time.Second})
+}
+
+func openWith(t *testing.T, opts *sqs.Options) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {
+	t.Helper()
 	client, _ := newClient(t)
 	ctx := t.Context()
-	opts := &sqs.Options{Ordering: ordering, Visibility: vis, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("a"), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -24,8 +25,16 @@ func TestThroughput(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set KEYORDER_SQS_THROUGHPUT=N to measure")
 	}
+	for _, oldest := range []bool{false, true} {
+		t.Run(fmt.Sprintf("OldestFirst=%v", oldest), func(t *testing.T) {
+			throughput(t, n, &sqs.Options{Ordering: policy.Ordered, WaitTime: time.Second, OldestFirst: oldest})
+		})
+	}
+}
+
+func throughput(t *testing.T, n int, opts *sqs.Options) {
 	const keys = 200
-	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	_, _, topic, sub := openWith(t, opts)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	p, err := publish.New(topic, &publish.Config{Logger: quiet})
 	if err != nil {
