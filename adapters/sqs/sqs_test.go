@@ -324,3 +324,36 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 		t.Fatalf("ExtendLeases lost %v, %v; want the first a1 only", lost, err)
 	}
 }
+
+func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	at := time.Now().Add(2500 * time.Millisecond)
+	if err := topic.SendBatch(t.Context(), []*adapters.Message{
+		{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: at},
+		{ID: "a2", Key: "A", Payload: []byte("a2")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, names := receive(t, sub, 10, 1500*time.Millisecond); len(names) != 0 {
+		t.Fatalf("before a1's not-before time received %v", names)
+	}
+	var ms []*adapters.Message
+	var names []string
+	for len(ms) == 0 && time.Until(at) > -5*time.Second {
+		ms, names = receive(t, sub, 10, 2*time.Second)
+	}
+	if len(names) == 0 || names[0] != "a1@1" || time.Now().Add(time.Second).Before(at) {
+		t.Fatalf("received %v at %v before the not-before time; want a1 with attempt 1 (the hold is not an attempt)", names, time.Until(at))
+	}
+	if !ms[0].NotBefore.Equal(at) {
+		t.Errorf("NotBefore %v, published %v", ms[0].NotBefore, at)
+	}
+	sub.Ack(t.Context(), ms[:1])
+	rest := names[1:]
+	for len(rest) == 0 {
+		_, rest = receive(t, sub, 10, 2*time.Second)
+	}
+	if !slices.Equal(rest, []string{"a2@1"}) {
+		t.Fatalf("after a1 received %v, want a2 with attempt 1 (put back behind the hold, not counted)", rest)
+	}
+}
