@@ -1,0 +1,629 @@
+// Package sqs is keyorder's driver for Amazon SQS FIFO queues, over
+// github.com/aws/aws-sdk-go-v2/service/sqs. A message's ordering key is
+// mapped onto the FIFO MessageGroupId, so SQS itself keeps a key's messages
+// in order and blocks the group while one of its messages is in flight.
+//
+// Importing the package registers the sqs URL scheme on
+// adapters.DefaultMux.
+//
+// SQS has no topic fan-out: one FIFO queue is one subscription. The topic
+// driver and the subscription driver open the same queue; every consumer of
+// the queue competes for its messages. For several subscriptions on one
+// stream use SNS FIFO topics fanning out to several queues (out of scope of
+// this package: publish to each queue, or subscribe each queue to an SNS FIFO
+// topic yourself).
+//
+// # URLs
+//
+//	sqs://QUEUE-NAME.fifo?endpoint=http://127.0.0.1:9324&region=us-east-1&ordering=ordered&visibility=30s
+//
+// The host is the queue name (it must end in .fifo; at most 75 characters,
+// so that the dead-letter queue QUEUE-NAME-dead.fifo fits SQS's 80). Topic
+// and subscription URLs name the same queue; both create the queue (and its
+// dead-letter queue) when it is missing. Parameters, each mapping onto one
+// field of Options:
+//
+//   - endpoint: the SQS endpoint (ElasticMQ, LocalStack); default: AWS's.
+//   - region: the AWS region; default: $AWS_REGION, else us-east-1.
+//   - ordering: parallel, exclusive or ordered; default ordered. Recorded
+//     in the queue tag keyorder-ordering at creation; opening an existing
+//     queue with another ordering fails with keyorder.CodeFailedPrecondition.
+//   - visibility: the lease (visibility timeout) of a received message, a Go
+//     duration of at least 1s, rounded up to whole seconds; default 30s.
+//   - oldestfirst: true or false (default); see Ordering.
+//   - wait: the long-poll wait of one ReceiveMessage call, 0s to 20s;
+//     default 2s (see Delivery semantics).
+//   - subscription: accepted for symmetry with other backends; it must equal
+//     the queue name.
+//
+// Unknown parameters are rejected. Credentials: the URL opener builds its
+// own client with the static credentials in $AWS_ACCESS_KEY_ID,
+// $AWS_SECRET_ACCESS_KEY and $AWS_SESSION_TOKEN when set (the module's go.mod
+// does not carry aws-sdk-go-v2/config, whose default chain would read
+// profiles and instance roles); for the SDK's full default chain build a
+// client with config.LoadDefaultConfig and use OpenTopic and
+// OpenSubscription.
+//
+// # Ordering
+//
+// Under Ordered and Exclusive a message's MessageGroupId is its key when the
+// key is at most 128 characters of SQS's group-id alphabet
+// ([A-Za-z0-9!"#$%&'()*+,-./:;<=>?@[\]^_{|}~]), else "h-" followed by the
+// unpadded base64url SHA-256 of the key: one key always lands in one group.
+// The original key travels in the keyorder-key attribute and comes back as
+// Message.Key. A keyless message (MissingKey Unordered) gets a group of its
+// own (its ID), so keyless messages are not serialized. Under Parallel every
+// message gets a group of its own, so SQS does not serialize a key either.
+//
+// SQS holds a group natively (Capabilities.NativeHold): under Ordered a
+// failed message is returned with ChangeMessageVisibility(delay), and the
+// group's later messages stay blocked until it is deleted. Visibility
+// timeouts are whole seconds, so a retry delay is rounded up to the next
+// second (at most 12 hours). Under Exclusive, where later messages may
+// overtake a failed one, a failed message is instead sent again to the end
+// of its group, carrying its attempt count (keyorder-attempts) and its
+// retry time as not-before time, and the original is deleted: the group
+// runs on, at most one of its messages in flight, and the retry comes when
+// its turn and its time have come.
+//
+// FIFO queues have no per-message delay. A message published with a
+// NotBefore time carries it in the keyorder-not-before attribute; when it is
+// received more than a second early it is put back with
+// ChangeMessageVisibility for the remaining time (which holds its group)
+// and not returned; the group's later messages received with it are put
+// back too. Within the last second the subscriber waits in process.
+//
+// One ReceiveMessage call returns up to 10 messages, and SQS prefers
+// several of one group: those form a chain that the subscriber runs in
+// order. Receive returns each group's messages consecutively. SQS does not
+// hand out groups oldest first, and a chain's tail takes worker slots that
+// other groups' heads could use (ElasticMQ, asked for 2 messages of the
+// arrivals a1(A) a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1
+// before s1). By default Receive takes what SQS chose. With
+// Options.OldestFirst (URL parameter oldestfirst=true) it asks for a full
+// batch of 10 and chooses: the oldest group heads first (by
+// SequenceNumber), then their chain tails while room is left, and puts the
+// rest back at once; groups then go oldest first as far as one receive
+// shows them. The price is a ChangeMessageVisibilityBatch call whenever the
+// subscriber asks for fewer than SQS returned, and receive counts raised by
+// those put-backs, which other consuming processes count as attempts (see
+// Delivery semantics): OldestFirst is for a single consuming process.
+// Put-back messages (Release, OldestFirst's surplus, not-before holds'
+// successors) are made visible again with ChangeMessageVisibility(0), in
+// order; SQS redelivers a group's messages in order once none of them is in
+// flight, and keeps the group blocked while any of them is.
+//
+// # Delivery semantics
+//
+// At least once. Publishing uses SendMessageBatch, at most 10 messages per
+// call; a larger batch is split in order and the first failing call stops
+// it. When SQS fails part of a call, SendBatch returns an error for the
+// whole batch although some messages were stored: the publisher may send
+// them again. MessageDeduplicationId is the keyorder message ID (mapped like
+// group ids when it does not fit SQS's alphabet), so within SQS's 5-minute
+// deduplication window a resend of the same ID is dropped by SQS itself:
+// retries after a partial failure do not duplicate, and an application that
+// reuses an ID within 5 minutes loses the second message.
+//
+// Attempts are counted by the library, not by SQS's redrive policy (the
+// queue has none): Message.Attempt is the message's ApproximateReceiveCount
+// minus the receives this process knows did not count, the not-before holds
+// and the put-backs (Release) it made, plus the attempts an Exclusive retry
+// carries in keyorder-attempts when it was sent to the end of its group. That bookkeeping is per process
+// (shared by every driver of one queue URL in the process, bounded to the
+// last 100,000 messages). A message put back by one process and received by
+// another is seen there with one attempt more than it had; after a crash
+// that is right (the lost lease counts), after a graceful shutdown or a
+// chain put-back it overcounts by one per put-back. A message therefore
+// reaches the dead-letter queue unrun only if other processes put it back
+// more times than the retry budget; with one consuming process it never
+// does.
+//
+// A received message is leased for the visibility timeout
+// (Capabilities.LeaseDuration), extended by the subscriber with
+// ChangeMessageVisibilityBatch; an extension SQS refuses for the message
+// (receipt handle invalid, message not in flight) reports the lease lost.
+// Receive long-polls for Options.WaitTime per call and is never cancelled
+// in flight (a ReceiveMessage cancelled after SQS chose its messages would
+// leave them invisible, holding their groups, for a whole visibility
+// timeout); when ctx ends during a poll Receive returns what it got with
+// ctx's error and the subscriber puts it back. Stopping a subscriber thus
+// takes up to WaitTime.
+//
+// DeadLetter sends the message to the FIFO queue QUEUE-NAME-dead.fifo (same
+// group, created when missing) with the keyorder-reason, keyorder-attempts
+// and keyorder-dead-at attributes, then deletes it from the queue.
+// DeadLetters and Redrive (adapters.DeadLetterStore) read that queue.
+//
+// Message bodies: a payload that is valid SQS text (UTF-8 of the characters
+// SQS accepts) is sent as is; any other payload is sent base64-encoded with
+// the attribute keyorder-encoding=base64 and decoded on receive. SQS bodies
+// cannot be empty (Limits.PayloadRequired). Headers travel as String
+// message attributes; SQS allows 10 attributes per message, of which the
+// driver uses up to 5 on the queue and 6 in the dead-letter queue, so a
+// message may carry at most 4 headers (MaxHeaders).
+package sqs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Scheme is the URL scheme the package registers.
+const Scheme = "sqs"
+
+// Attribute names the driver uses. User headers must not use AttrPrefix.
+const (
+	// AttrPrefix starts every attribute name the driver reserves.
+	AttrPrefix = "keyorder-"
+	// AttrKey carries the original ordering key (String, or Binary when
+	// the key holds characters SQS refuses in a String).
+	AttrKey = "keyorder-key"
+	// AttrID carries keyorder's message ID.
+	AttrID = "keyorder-id"
+	// AttrNotBefore carries Message.NotBefore (RFC 3339, nanoseconds).
+	AttrNotBefore = "keyorder-not-before"
+	// AttrEncoding is "base64" when the body is the base64 of the payload.
+	AttrEncoding = "keyorder-encoding"
+	// AttrReason carries a dead letter's reason (at most 1024 bytes).
+	AttrReason = "keyorder-reason"
+	// AttrAttempts carries a dead letter's attempt count, and the attempts
+	// made before an Exclusive retry was sent to the end of its group.
+	AttrAttempts = "keyorder-attempts"
+	// AttrDeadAt carries when a message was dead-lettered (RFC 3339).
+	AttrDeadAt = "keyorder-dead-at"
+	// TagOrdering is the queue tag recording the keyorder policy.
+	TagOrdering = "keyorder-ordering"
+)
+
+// Limits of SQS and of the driver.
+const (
+	// MaxMessageBytes is SQS's largest message, body and attributes
+	// together (256 KiB, the limit ElasticMQ enforces; AWS raised its own
+	// to 1 MiB in 2025).
+	MaxMessageBytes = 256 * 1024
+	// AttributeRoom is what MaxPayloadBytes leaves for the driver's
+	// attributes (key up to MaxKeyBytes, ID up to MaxIDBytes, not-before,
+	// encoding) and a few small headers: 8 KiB.
+	AttributeRoom = 8 * 1024
+	// MaxPayloadBytes is the largest payload the publisher accepts:
+	// 262,144 - 8,192 = 253,952 bytes. A payload that is not SQS text is
+	// sent base64-encoded and must then fit too (up to 190,464 bytes); the
+	// driver rejects a message whose encoded size exceeds MaxMessageBytes
+	// before anything of its batch is sent.
+	MaxPayloadBytes = MaxMessageBytes - AttributeRoom
+	// MaxKeyBytes is the longest ordering key accepted (it travels in an
+	// attribute; longer than 128 characters it maps to a digest group).
+	MaxKeyBytes = 1024
+	// MaxIDBytes is the longest message ID accepted.
+	MaxIDBytes = 1024
+	// MaxBatchMessages is the most messages of one SQS batch call.
+	MaxBatchMessages = 10
+	// MaxHeaders is the most headers a message may carry: SQS allows 10
+	// attributes, and a dead letter carries up to 6 of the driver's (5 on
+	// the queue).
+	MaxHeaders = 4
+	// MaxVisibility is SQS's longest visibility timeout.
+	MaxVisibility = 12 * time.Hour
+	// MaxQueueNameLen is the longest queue name the driver accepts, so that
+	// QUEUE-dead.fifo fits SQS's 80 characters.
+	MaxQueueNameLen = 75
+	maxReason       = 1024
+)
+
+// Defaults for Options.
+const (
+	// VisibilityDefault is Options.Visibility's default.
+	VisibilityDefault = 30 * time.Second
+	// WaitTimeDefault is Options.WaitTime's default.
+	WaitTimeDefault = 2 * time.Second
+)
+
+// Options configure the drivers of one queue, and the queue when it is
+// created. A nil *Options means defaults.
+type Options struct {
+	// Ordering is the keyorder policy. When the queue exists its tag must
+	// match. Defaults to policy.Parallel (zero) for typed use; the URL
+	// opener defaults to policy.Ordered.
+	Ordering policy.Ordering
+	// Visibility is the lease of a received message (the VisibilityTimeout
+	// of each ReceiveMessage call, and the queue's default when created).
+	// At least 1s, rounded up to whole seconds, at most 12h. Defaults to
+	// VisibilityDefault.
+	Visibility time.Duration
+	// OldestFirst makes Receive ask SQS for a full batch of 10 and hand
+	// out the oldest group heads among them first, putting back what the
+	// subscriber did not ask for (see Ordering in the package
+	// documentation). Every put-back raises the message's
+	// ApproximateReceiveCount, which other processes see as attempts: use
+	// it with one consuming process. Defaults to false: Receive asks SQS
+	// for exactly what the subscriber asked and takes SQS's choice.
+	OldestFirst bool
+	// WaitTime is the long-poll wait of one ReceiveMessage call, 0 to 20s,
+	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0
+	// (short polling).
+	WaitTime time.Duration
+}
+
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.Visibility <= 0 {
+		out.Visibility = VisibilityDefault
+	}
+	out.Visibility = min(max(ceilSeconds(out.Visibility), time.Second), MaxVisibility)
+	switch {
+	case out.WaitTime == 0:
+		out.WaitTime = WaitTimeDefault
+	case out.WaitTime < 0:
+		out.WaitTime = 0
+	}
+	out.WaitTime = min(ceilSeconds(out.WaitTime), 20*time.Second)
+	return out
+}
+
+func ceilSeconds(d time.Duration) time.Duration {
+	if r := d % time.Second; r != 0 && d > 0 {
+		d += time.Second - r
+	}
+	return d
+}
+
+func seconds(d time.Duration) int32 {
+	d = min(max(ceilSeconds(d), 0), MaxVisibility)
+	return int32(d / time.Second)
+}
+
+// ErrOrderingMismatch is returned when a queue exists with another keyorder
+// policy (or without one) than the one asked for. It is classified as
+// keyorder.CodeFailedPrecondition.
+var ErrOrderingMismatch = errors.New("sqs: queue exists with another ordering")
+
+var errBadMessage = errors.New("sqs: invalid message")
+
+// groupAlphabet reports whether c may appear in a MessageGroupId or
+// MessageDeduplicationId.
+func groupAlphabet(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte(`!"#$%&'()*+,-./:;<=>?@[\]^_{|}~`, c) >= 0
+}
+
+// GroupID returns the MessageGroupId a key maps to: the key itself when it
+// is 1 to 128 characters of SQS's alphabet, else "h-" + base64url(sha256).
+func GroupID(key string) string {
+	if len(key) > 0 && len(key) <= 128 {
+		ok := true
+		for i := 0; i < len(key); i++ {
+			if !groupAlphabet(key[i]) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return key
+		}
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "h-" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// sqsText reports whether s is valid SQS text (bodies and String
+// attributes): UTF-8 of #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD
+// #x10000-#x10FFFF.
+func sqsText(s string) bool {
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return false
+		}
+		switch {
+		case r == 0x9 || r == 0xA || r == 0xD:
+		case r >= 0x20 && r <= 0xD7FF:
+		case r >= 0xE000 && r <= 0xFFFD:
+		case r >= 0x10000 && r <= 0x10FFFF:
+		default:
+			return false
+		}
+		i += n
+	}
+	return true
+}
+
+// QueueName checks a FIFO queue name and returns its dead-letter queue's.
+func deadQueueName(name string) (string, error) {
+	base, ok := strings.CutSuffix(name, ".fifo")
+	if !ok || base == "" {
+		return "", fmt.Errorf("%w: sqs: queue name %q must end in .fifo", keyorder.ErrInvalidConfig, name)
+	}
+	if len(name) > MaxQueueNameLen {
+		return "", fmt.Errorf("%w: sqs: queue name %q is longer than %d characters", keyorder.ErrInvalidConfig, name, MaxQueueNameLen)
+	}
+	return base + "-dead.fifo", nil
+}
+
+// CreateQueue creates the FIFO queue name (ending in .fifo) with the
+// options' ordering tag and visibility timeout, and its dead-letter queue
+// NAME-dead.fifo, and returns the queue URL. Existing queues are kept; an
+// existing queue with another ordering tag fails with ErrOrderingMismatch.
+func CreateQueue(ctx context.Context, client *sqs.Client, name string, opts *Options) (string, error) {
+	o := opts.withDefaults()
+	dead, err := deadQueueName(name)
+	if err != nil {
+		return "", err
+	}
+	if _, err := createFIFO(ctx, client, dead, nil, o.Visibility); err != nil {
+		return "", err
+	}
+	u, err := createFIFO(ctx, client, name, map[string]string{TagOrdering: o.Ordering.String()}, o.Visibility)
+	if err != nil {
+		return "", err
+	}
+	if _, err := queueOrdering(ctx, client, u, &o.Ordering); err != nil {
+		return "", err
+	}
+	return u, nil
+}
+
+func createFIFO(ctx context.Context, client *sqs.Client, name string, tags map[string]string, vis time.Duration) (string, error) {
+	if u, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)}); err == nil {
+		return aws.ToString(u.QueueUrl), nil
+	} else if errorCode(err) != keyorder.CodeNotFound {
+		return "", fmt.Errorf("sqs: queue %s: %w", name, err)
+	}
+	out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{
+		QueueName: aws.String(name),
+		Attributes: map[string]string{
+			"FifoQueue":                 "true",
+			"ContentBasedDeduplication": "false",
+			"VisibilityTimeout":         strconv.Itoa(int(seconds(vis))),
+			"MessageRetentionPeriod":    strconv.Itoa(14 * 24 * 3600),
+		},
+		Tags: tags,
+	})
+	if err != nil {
+		return "", fmt.Errorf("sqs: create queue %s: %w", name, err)
+	}
+	return aws.ToString(out.QueueUrl), nil
+}
+
+// queueOrdering reads a queue's ordering tag; when want is set it must
+// match.
+func queueOrdering(ctx context.Context, client *sqs.Client, queueURL string, want *policy.Ordering) (policy.Ordering, error) {
+	out, err := client.ListQueueTags(ctx, &sqs.ListQueueTagsInput{QueueUrl: aws.String(queueURL)})
+	if err != nil {
+		return 0, fmt.Errorf("sqs: queue %s tags: %w", queueURL, err)
+	}
+	tag, ok := out.Tags[TagOrdering]
+	if !ok {
+		if want == nil {
+			return policy.Ordered, nil
+		}
+		return 0, fmt.Errorf("%w: %s has no %s tag (not created by keyorder), want %v", ErrOrderingMismatch, queueURL, TagOrdering, *want)
+	}
+	got, err := policy.ParseOrdering(tag)
+	if err != nil || (want != nil && got != *want) {
+		w := "a valid ordering"
+		if want != nil {
+			w = want.String()
+		}
+		return 0, fmt.Errorf("%w: %s was created with ordering %q, want %s", ErrOrderingMismatch, queueURL, tag, w)
+	}
+	return got, nil
+}
+
+// apiCode returns the error code of an SQS API error, without the
+// "AWS.SimpleQueueService." prefix of the query protocol.
+func apiCode(err error) string {
+	var ae interface{ ErrorCode() string } // smithy.APIError, BatchEntryError
+	if errors.As(err, &ae) {
+		c := ae.ErrorCode()
+		c = strings.TrimPrefix(c, "AWS.SimpleQueueService.")
+		if i := strings.LastIndexByte(c, '#'); i >= 0 {
+			c = c[i+1:]
+		}
+		return c
+	}
+	return ""
+}
+
+func isRetryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return errorCode(err) == keyorder.CodeUnavailable || errorCode(err) == keyorder.CodeResourceExhausted
+}
+
+// errorCode classifies an error of this driver.
+func errorCode(err error) keyorder.ErrorCode {
+	switch {
+	case err == nil:
+		return keyorder.CodeUnknown
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return keyorder.CodeCanceled
+	case errors.Is(err, ErrOrderingMismatch):
+		return keyorder.CodeFailedPrecondition
+	case errors.Is(err, errBadMessage), errors.Is(err, keyorder.ErrInvalidConfig):
+		return keyorder.CodeInvalidArgument
+	case errors.Is(err, errClosed):
+		return keyorder.CodeFailedPrecondition
+	}
+	switch apiCode(err) {
+	case "QueueDoesNotExist", "NonExistentQueue", "QueueDeletedRecently":
+		return keyorder.CodeNotFound
+	case "InvalidParameterValue", "InvalidMessageContents", "MissingParameter", "InvalidAttributeName",
+		"InvalidAttributeValue", "BatchEntryIdsNotDistinct", "EmptyBatchRequest", "TooManyEntriesInBatchRequest",
+		"BatchRequestTooLong", "InvalidBatchEntryId", "UnsupportedOperation", "ValidationError", "ReceiptHandleIsInvalid",
+		"InvalidIdFormat", "MessageNotInflight", "InvalidAddress":
+		return keyorder.CodeInvalidArgument
+	case "ThrottlingException", "Throttling", "RequestThrottled", "KmsThrottled", "OverLimit", "KmsThrottling":
+		return keyorder.CodeResourceExhausted
+	case "AccessDenied", "AccessDeniedException", "InvalidSecurity", "InvalidClientTokenId", "UnrecognizedClientException",
+		"SignatureDoesNotMatch", "MissingAuthenticationToken", "ExpiredToken":
+		return keyorder.CodePermissionDenied
+	case "QueueAlreadyExists", "QueueNameExists", "PurgeQueueInProgress":
+		return keyorder.CodeFailedPrecondition
+	case "ServiceUnavailable", "InternalFailure", "InternalError", "RequestTimeout":
+		return keyorder.CodeUnavailable
+	}
+	var be *BatchEntryError
+	if errors.As(err, &be) && !be.SenderFault {
+		return keyorder.CodeUnavailable
+	}
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
+		return keyorder.CodeUnavailable
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return keyorder.CodeUnavailable
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return keyorder.CodeUnavailable
+	}
+	return keyorder.CodeUnknown
+}
+
+// URLOpener opens sqs:// URLs. Each URL opened gets its own client, built
+// from the URL's endpoint and region and the environment's static
+// credentials (see the package documentation).
+type URLOpener struct{}
+
+func init() {
+	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+}
+
+// urlConfig is a parsed sqs:// URL.
+type urlConfig struct {
+	queue    string
+	endpoint string
+	region   string
+	opts     Options
+}
+
+func parseURL(u *url.URL) (*urlConfig, error) {
+	c := &urlConfig{queue: u.Host, region: os.Getenv("AWS_REGION")}
+	if c.region == "" {
+		c.region = "us-east-1"
+	}
+	c.opts.Ordering = policy.Ordered
+	if c.queue == "" || (u.Path != "" && u.Path != "/") {
+		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
+	}
+	if _, err := deadQueueName(c.queue); err != nil {
+		return nil, adapters.BadParam(u, "host", err.Error())
+	}
+	for p, vs := range u.Query() {
+		v := vs[0]
+		var perr error
+		switch p {
+		case "endpoint":
+			if eu, err := url.Parse(v); err != nil || eu.Scheme == "" || eu.Host == "" {
+				perr = errors.New("want an absolute URL like http://127.0.0.1:9324")
+			}
+			c.endpoint = v
+		case "region":
+			if v == "" {
+				perr = errors.New("empty")
+			}
+			c.region = v
+		case "ordering":
+			c.opts.Ordering, perr = policy.ParseOrdering(v)
+		case "visibility":
+			c.opts.Visibility, perr = time.ParseDuration(v)
+			if perr == nil && (c.opts.Visibility < time.Second || c.opts.Visibility > MaxVisibility) {
+				perr = fmt.Errorf("want a duration from 1s to %v", MaxVisibility)
+			}
+		case "wait":
+			c.opts.WaitTime, perr = time.ParseDuration(v)
+			if perr == nil && (c.opts.WaitTime < 0 || c.opts.WaitTime > 20*time.Second) {
+				perr = errors.New("want a duration from 0s to 20s")
+			}
+			if perr == nil && c.opts.WaitTime == 0 {
+				c.opts.WaitTime = -1
+			}
+		case "oldestfirst":
+			c.opts.OldestFirst, perr = strconv.ParseBool(v)
+		case "subscription":
+			if v != c.queue {
+				perr = fmt.Errorf("an SQS queue is its own subscription: want %q or no parameter", c.queue)
+			}
+		default:
+			perr = errors.New("unknown parameter")
+		}
+		if perr != nil {
+			return nil, adapters.BadParam(u, p, perr.Error())
+		}
+	}
+	return c, nil
+}
+
+func (c *urlConfig) client() *sqs.Client {
+	o := sqs.Options{Region: c.region, Retryer: aws.NopRetryer{}}
+	if c.endpoint != "" {
+		o.BaseEndpoint = aws.String(c.endpoint)
+	}
+	if id, secret := os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY"); id != "" && secret != "" {
+		o.Credentials = credentials.NewStaticCredentialsProvider(id, secret, os.Getenv("AWS_SESSION_TOKEN"))
+	}
+	return sqs.New(o)
+}
+
+// OpenTopicURL opens sqs://QUEUE.fifo?..., creating the queue if needed.
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+	c, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	client := c.client()
+	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
+	if err != nil {
+		return nil, err
+	}
+	return OpenTopic(ctx, client, qurl, &c.opts)
+}
+
+// OpenSubscriptionURL opens sqs://QUEUE.fifo?..., creating the queue if
+// needed.
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+	c, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	client := c.client()
+	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
+	if err != nil {
+		return nil, err
+	}
+	return OpenSubscription(ctx, client, qurl, &c.opts)
+}
+
+// queueNameOf returns the last path element of a queue URL.
+func queueNameOf(queueURL string) string {
+	return queueURL[strings.LastIndexByte(queueURL, '/')+1:]
+}

@@ -1,0 +1,359 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	awstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+)
+
+func TestGroupID(t *testing.T) {
+	long := strings.Repeat("k", 129)
+	for _, tc := range []struct {
+		key    string
+		digest bool
+	}{
+		{"acct-42", false},
+		{`a!"#$%&'()*+,-./:;<=>?@[\]^_{|}~z`, false},
+		{strings.Repeat("k", 128), false},
+		{long, true},
+		{"with space", true},
+		{"ключ", true},
+		{"back`tick", true},
+	} {
+		g := sqs.GroupID(tc.key)
+		if got := strings.HasPrefix(g, "h-") && g != tc.key; got != tc.digest {
+			t.Errorf("GroupID(%q) = %q, digest %v, want %v", tc.key, g, got, tc.digest)
+		}
+		if g != sqs.GroupID(tc.key) || len(g) > 128 {
+			t.Errorf("GroupID(%q) unstable or too long: %q", tc.key, g)
+		}
+	}
+	if sqs.GroupID(long) == sqs.GroupID(long+"x") {
+		t.Error("different keys share a digest group")
+	}
+}
+
+func TestBadURLParams(t *testing.T) {
+	ctx := context.Background()
+	for _, u := range []string{
+		"sqs://q.fifo?bogus=1",
+		"sqs://q.fifo?ordering=sideways",
+		"sqs://q.fifo?visibility=500ms",
+		"sqs://q.fifo?wait=30s",
+		"sqs://q.fifo?subscription=other.fifo",
+		"sqs://q.fifo?endpoint=not-a-url",
+		"sqs://standard-queue",
+		"sqs://q.fifo/extra/path",
+		"sqs://" + strings.Repeat("q", 71) + ".fifo",
+	} {
+		if _, err := adapters.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+			t.Errorf("OpenSubscription(%s) = %v, want ErrBadURL", u, err)
+		}
+		if _, err := adapters.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+			t.Errorf("OpenTopic(%s) = %v, want ErrBadURL", u, err)
+		}
+	}
+}
+
+// open creates a fresh queue and returns its topic and one consumer.
+func open(t *testing.T, ordering policy.Ordering, vis time.Duration) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {
+	t.Helper()
+	return openWith(t, &sqs.Options{Ordering: ordering, Visibility: vis, WaitTime: time.Second})
+}
+
+func openWith(t *testing.T, opts *sqs.Options) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {
+	t.Helper()
+	client, _ := newClient(t)
+	ctx := t.Context()
+	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("a"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQueues(client, q) })
+	topic, err := sqs.OpenTopic(ctx, client, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := sqs.OpenSubscription(ctx, client, q, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, q, topic, sub
+}
+
+func send(t *testing.T, topic *sqs.Topic, specs ...string) {
+	t.Helper()
+	var ms []*adapters.Message
+	for _, s := range specs {
+		name, key, _ := strings.Cut(s, ":")
+		ms = append(ms, &adapters.Message{ID: t.Name() + "/" + name, Key: key, Payload: []byte(name)})
+	}
+	if err := topic.SendBatch(t.Context(), ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// receive receives once (waiting up to the driver's poll) and returns
+// "name@attempt" strings.
+func receive(t *testing.T, sub *sqs.Subscription, n int, within time.Duration) ([]*adapters.Message, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	ms, err := sub.Receive(ctx, n)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range ms {
+		names = append(names, string(m.Payload)+"@"+itoa(m.Attempt))
+	}
+	return ms, names
+}
+
+func itoa(i int) string { return string(rune('0' + i)) }
+
+func TestKeyRoundTrip(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	keys := []string{strings.Repeat("long", 100), "odd key\twith ÿ", "ctl\x01char", "plain"}
+	var ms []*adapters.Message
+	for i, k := range keys {
+		ms = append(ms, &adapters.Message{ID: "id" + itoa(i), Key: k, Payload: []byte{0xff, 0x00, byte(i)}, Headers: map[string]string{"h": "v"}})
+	}
+	for _, m := range ms {
+		if err := topic.SendBatch(t.Context(), []*adapters.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]*adapters.Message{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < len(keys) && time.Now().Before(deadline) {
+		rs, _ := receive(t, sub, 10, 2*time.Second)
+		for _, m := range rs {
+			got[m.Key] = m
+		}
+		sub.Ack(t.Context(), rs)
+	}
+	for i, k := range keys {
+		m := got[k]
+		if m == nil {
+			t.Fatalf("key %q not received (got %d keys)", k, len(got))
+		}
+		if m.ID != "id"+itoa(i) || !slices.Equal(m.Payload, []byte{0xff, 0x00, byte(i)}) || m.Headers["h"] != "v" {
+			t.Errorf("key %q: got ID %q payload %v headers %v", k, m.ID, m.Payload, m.Headers)
+		}
+	}
+}
+
+func TestPayloadLimit(t *testing.T) {
+	client, q, topic, _ := open(t, policy.Ordered, 30*time.Second)
+	p, err := publish.New(topic, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	var le *keyorder.LimitError
+	err = p.Publish(t.Context(), &keyorder.Message{Key: "k", Payload: make([]byte, sqs.MaxPayloadBytes+1)})
+	if !errors.As(err, &le) || le.Max != sqs.MaxPayloadBytes {
+		t.Fatalf("payload over MaxPayloadBytes: %v", err)
+	}
+	// Binary payloads go base64: within MaxPayloadBytes but too big encoded,
+	// the driver refuses the batch before sending any of it.
+	ok := &adapters.Message{ID: "ok", Key: "k", Payload: []byte("fine")}
+	big := &adapters.Message{ID: "big", Key: "k", Payload: make([]byte, 200_000)}
+	if err := topic.SendBatch(t.Context(), []*adapters.Message{ok, big}); topic.ErrorCode(err) != keyorder.CodeInvalidArgument {
+		t.Fatalf("binary payload over the encoded limit: %v (code %v)", err, topic.ErrorCode(err))
+	}
+	// Text payloads of exactly MaxPayloadBytes go through.
+	if err := p.Publish(t.Context(), &keyorder.Message{ID: "max", Key: "k", Payload: []byte(strings.Repeat("x", sqs.MaxPayloadBytes))}); err != nil {
+		t.Fatalf("text payload of MaxPayloadBytes: %v", err)
+	}
+	out, err := client.GetQueueAttributes(t.Context(), &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(q), AttributeNames: []awstypes.QueueAttributeName{"ApproximateNumberOfMessages"}})
+	if err != nil || out.Attributes["ApproximateNumberOfMessages"] != "1" {
+		t.Fatalf("queue holds %v messages (%v), want only the one sent", out.Attributes, err)
+	}
+}
+
+func TestDeadLetterReasonAndAttempts(t *testing.T) {
+	client, q, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	send(t, topic, "a1:A", "a2:A")
+	ms, names := receive(t, sub, 1, 5*time.Second)
+	if len(ms) != 1 || names[0] != "a1@1" {
+		t.Fatalf("received %v", names)
+	}
+	if err := sub.DeadLetter(t.Context(), ms[0], "account closed", 3); err != nil {
+		t.Fatal(err)
+	}
+	dq := strings.TrimSuffix(q, ".fifo") + "-dead.fifo"
+	out, err := client.ReceiveMessage(t.Context(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(dq), MessageAttributeNames: []string{"All"}, WaitTimeSeconds: 1})
+	if err != nil || len(out.Messages) != 1 {
+		t.Fatalf("dead-letter queue: %v, %v", out, err)
+	}
+	a := out.Messages[0].MessageAttributes
+	if aws.ToString(out.Messages[0].Body) != "a1" || aws.ToString(a[sqs.AttrReason].StringValue) != "account closed" ||
+		aws.ToString(a[sqs.AttrAttempts].StringValue) != "3" || aws.ToString(a[sqs.AttrKey].StringValue) != "A" {
+		t.Fatalf("dead letter %s with attributes %v", aws.ToString(out.Messages[0].Body), a)
+	}
+	// The group continues without it.
+	if _, names := receive(t, sub, 1, 5*time.Second); !slices.Equal(names, []string{"a2@1"}) {
+		t.Fatalf("after the dead letter received %v, want a2", names)
+	}
+}
+
+func TestNackHoldsOnlyItsGroup(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	send(t, topic, "a1:A", "a2:A")
+	send(t, topic, "b1:B", "b2:B")
+	ms, names := receive(t, sub, 10, 5*time.Second)
+	if !slices.Equal(names, []string{"a1@1", "a2@1", "b1@1", "b2@1"}) {
+		t.Fatalf("received %v, want both chains", names)
+	}
+	nacked := time.Now()
+	if err := sub.Nack(t.Context(), ms[0], 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Release(t.Context(), ms[1:]); err != nil {
+		t.Fatal(err)
+	}
+	// Group B comes back at once; group A is held.
+	_, names = receive(t, sub, 10, 3*time.Second)
+	if !slices.Equal(names, []string{"b1@1", "b2@1"}) {
+		t.Fatalf("while A is held received %v, want b1 b2 (releases do not count attempts)", names)
+	}
+	var got []string
+	for len(got) < 2 && time.Since(nacked) < 10*time.Second {
+		rs, n := receive(t, sub, 10, 2*time.Second)
+		if len(rs) > 0 && time.Since(nacked) < 2*time.Second {
+			t.Fatalf("group A delivered %v %v after the Nack, before its delay", n, time.Since(nacked))
+		}
+		got = append(got, n...)
+	}
+	if !slices.Equal(got, []string{"a1@2", "a2@1"}) {
+		t.Fatalf("after the delay received %v, want a1 (attempt 2) then a2", got)
+	}
+}
+
+func TestChainRelease(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	send(t, topic, "a1:A", "a2:A", "a3:A")
+	for round := 0; round < 3; round++ {
+		ms, names := receive(t, sub, 10, 5*time.Second)
+		if !slices.Equal(names, []string{"a1@1", "a2@1", "a3@1"}) {
+			t.Fatalf("round %d received %v, want the chain in order, attempt 1", round, names)
+		}
+		if err := sub.Release(t.Context(), ms); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A consumer asking for one gets the head only; the tails go back.
+	ms, names := receive(t, sub, 1, 5*time.Second)
+	if !slices.Equal(names, []string{"a1@1"}) {
+		t.Fatalf("Receive(1) = %v", names)
+	}
+	sub.Ack(t.Context(), ms)
+	if _, names := receive(t, sub, 10, 5*time.Second); !slices.Equal(names, []string{"a2@1", "a3@1"}) {
+		t.Fatalf("after acking a1 received %v", names)
+	}
+}
+
+func TestURLOpenAndOrderingMismatch(t *testing.T) {
+	_, endpoint := newClient(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	name := uniqueQueue("u")
+	base := "sqs://" + name + "?endpoint=" + url.QueryEscape(endpoint) + "&region=us-east-1"
+	ctx := t.Context()
+	topic, err := adapters.DefaultMux().OpenTopic(ctx, base+"&ordering=exclusive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topic.Close()
+	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=exclusive&visibility=5s&subscription="+name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if c := sub.Capabilities(); c.Ordering != policy.Exclusive || c.LeaseDuration != 5*time.Second || !c.NativeHold {
+		t.Fatalf("capabilities %+v", c)
+	}
+	_, err = adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=ordered")
+	if !errors.Is(err, sqs.ErrOrderingMismatch) || sub.ErrorCode(err) != keyorder.CodeFailedPrecondition {
+		t.Fatalf("ordering mismatch: %v", err)
+	}
+	client, _ := newClient(t)
+	u, _ := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
+	deleteQueues(client, aws.ToString(u.QueueUrl))
+	if _, err := sub.Receive(ctx, 1); sub.ErrorCode(err) != keyorder.CodeNotFound {
+		t.Fatalf("receive from a deleted queue: %v (code %v)", err, sub.ErrorCode(err))
+	}
+}
+
+func TestExpiredLeaseReportedLost(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, time.Second)
+	send(t, topic, "a1:A", "b1:B")
+	ms, names := receive(t, sub, 10, 5*time.Second)
+	if len(ms) != 2 {
+		t.Fatalf("received %v", names)
+	}
+	a1, b1 := ms[0], ms[1]
+	time.Sleep(700 * time.Millisecond)
+	if lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{b1}); err != nil || len(lost) != 0 {
+		t.Fatalf("extending a live lease: lost %v, %v", lost, err)
+	}
+	time.Sleep(800 * time.Millisecond)
+	// a1's lease expired and another consumer took it; b1's was extended.
+	again, names := receive(t, sub, 10, 5*time.Second)
+	if !slices.Equal(names, []string{"a1@2"}) {
+		t.Fatalf("after a1's lease expired received %v, want a1 with attempt 2", names)
+	}
+	lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{a1, b1, again[0]})
+	if err != nil || len(lost) != 1 || lost[0] != a1 {
+		t.Fatalf("ExtendLeases lost %v, %v; want the first a1 only", lost, err)
+	}
+}
+
+func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	at := time.Now().Add(2500 * time.Millisecond)
+	if err := topic.SendBatch(t.Context(), []*adapters.Message{
+		{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: at},
+		{ID: "a2", Key: "A", Payload: []byte("a2")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, names := receive(t, sub, 10, 1500*time.Millisecond); len(names) != 0 {
+		t.Fatalf("before a1's not-before time received %v", names)
+	}
+	var ms []*adapters.Message
+	var names []string
+	for len(ms) == 0 && time.Until(at) > -5*time.Second {
+		ms, names = receive(t, sub, 10, 2*time.Second)
+	}
+	if len(names) == 0 || names[0] != "a1@1" || time.Now().Add(time.Second).Before(at) {
+		t.Fatalf("received %v at %v before the not-before time; want a1 with attempt 1 (the hold is not an attempt)", names, time.Until(at))
+	}
+	if !ms[0].NotBefore.Equal(at) {
+		t.Errorf("NotBefore %v, published %v", ms[0].NotBefore, at)
+	}
+	sub.Ack(t.Context(), ms[:1])
+	rest := names[1:]
+	for len(rest) == 0 {
+		_, rest = receive(t, sub, 10, 2*time.Second)
+	}
+	if !slices.Equal(rest, []string{"a2@1"}) {
+		t.Fatalf("after a1 received %v, want a2 with attempt 1 (put back behind the hold, not counted)", rest)
+	}
+}

@@ -1,0 +1,717 @@
+package sqs
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Subscription is the adapters.Subscription driver of one consumer of a
+// FIFO queue.
+type Subscription struct {
+	client   *sqs.Client
+	queueURL string
+	deadName string
+	ordering policy.Ordering
+	lease    time.Duration
+	wait     time.Duration
+	book     *book
+
+	oldestFirst bool
+
+	mu      sync.Mutex
+	closed  bool
+	deadURL string
+}
+
+var (
+	_ adapters.Subscription    = (*Subscription)(nil)
+	_ adapters.DeadLetterStore = (*Subscription)(nil)
+)
+
+var errClosed = errors.New("sqs: subscription driver closed")
+
+// delivery is a received message's AckID.
+type delivery struct {
+	receipt string
+	sqsID   string
+	group   string
+	body    string
+	attrs   map[string]types.MessageAttributeValue
+	seq     string // SequenceNumber, a decimal
+}
+
+// OpenSubscription returns a consuming driver for the FIFO queue at
+// queueURL. opts.Ordering must match the queue's keyorder-ordering tag;
+// opts.Visibility is the lease and opts.WaitTime the long-poll wait. The
+// client stays the caller's.
+func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*Subscription, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: sqs.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
+	}
+	o := opts.withDefaults()
+	dead, err := deadQueueName(queueNameOf(queueURL))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := queueOrdering(ctx, client, queueURL, &o.Ordering); err != nil {
+		return nil, err
+	}
+	return &Subscription{
+		client: client, queueURL: queueURL, deadName: dead,
+		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
+		book: bookFor(queueURL), oldestFirst: o.OldestFirst,
+	}, nil
+}
+
+// book counts, per SQS message ID, the receives of a message that were not
+// attempts (not-before holds and put-backs). It is shared by the drivers of
+// one queue in the process and remembers the last bookMax messages.
+type book struct {
+	mu    sync.Mutex
+	n     map[string]int
+	order []string
+	next  int
+}
+
+const bookMax = 100_000
+
+var books sync.Map // queue URL -> *book
+
+func bookFor(queueURL string) *book {
+	b, _ := books.LoadOrStore(queueURL, &book{n: map[string]int{}})
+	return b.(*book)
+}
+
+func (b *book) add(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.n[id]; !ok {
+		if len(b.order) < bookMax {
+			b.order = append(b.order, id)
+		} else {
+			delete(b.n, b.order[b.next])
+			b.order[b.next] = id
+			b.next = (b.next + 1) % bookMax
+		}
+	}
+	b.n[id]++
+}
+
+func (b *book) get(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n[id]
+}
+
+func (b *book) forget(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.n, id) // its slot in order is reused when it comes round
+}
+
+func (s *Subscription) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// receiveTimeout bounds one ReceiveMessage call beyond its wait.
+const receiveTimeout = 15 * time.Second
+
+// Receive long-polls for up to maxMessages (at most 10) until at least one
+// is deliverable or ctx is done. A poll in flight is not cancelled by ctx
+// (see the package documentation); messages it brings after ctx ended are
+// returned together with ctx's error.
+func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
+	for {
+		if s.isClosed() {
+			return nil, errClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		wait := s.wait
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, max(time.Until(dl).Truncate(time.Second), 0))
+		}
+		// OldestFirst asks for a full batch: SQS does not hand out groups
+		// oldest first, so Receive chooses the oldest heads itself (see fit).
+		ask := maxMessages
+		if s.oldestFirst {
+			ask = MaxBatchMessages
+		}
+		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+		ms := s.fit(s.admit(raw), maxMessages)
+		if len(ms) > 0 {
+			return ms, ctx.Err()
+		}
+		if wait == 0 {
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}
+}
+
+func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+receiveTimeout)
+	defer cancel()
+	out, err := s.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
+		QueueUrl:            aws.String(queueURL),
+		MaxNumberOfMessages: int32(n),
+		WaitTimeSeconds:     int32(wait / time.Second),
+		VisibilityTimeout:   seconds(vis),
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{
+			types.MessageSystemAttributeNameApproximateReceiveCount,
+			types.MessageSystemAttributeNameSentTimestamp,
+			types.MessageSystemAttributeNameMessageGroupId,
+			types.MessageSystemAttributeNameSequenceNumber,
+		},
+		MessageAttributeNames: []string{"All"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqs: receive from %s: %w", queueURL, err)
+	}
+	return out.Messages, nil
+}
+
+func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
+
+// admit decodes received messages, holds those whose not-before time is
+// more than a second away (and puts back their groups' later messages), and
+// returns the rest with each group's messages consecutive, in order.
+func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
+	now := time.Now()
+	held := map[string]bool{}
+	var out, back []*adapters.Message
+	for i := range raw {
+		m := s.decode(&raw[i])
+		g := groupOf(m)
+		switch {
+		case held[g]:
+			back = append(back, m)
+		case m.NotBefore.Sub(now) > time.Second:
+			held[g] = true
+			d := m.AckID.(*delivery)
+			ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+			// Holding it in flight holds its group. If the call fails, the
+			// message stays in flight for the lease and comes back then.
+			s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+				QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
+				VisibilityTimeout: seconds(time.Until(m.NotBefore)),
+			})
+			cancel()
+			s.book.add(d.sqsID)
+		default:
+			out = append(out, m)
+		}
+	}
+	if len(back) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+		s.Release(ctx, back)
+		cancel()
+	}
+	return groupOrder(out)
+}
+
+// groupOrder makes each group's messages consecutive (stable, groups in
+// order of first appearance).
+func groupOrder(ms []*adapters.Message) []*adapters.Message {
+	first := map[string]int{}
+	for i, m := range ms {
+		if _, ok := first[groupOf(m)]; !ok {
+			first[groupOf(m)] = i
+		}
+	}
+	slices.SortStableFunc(ms, func(a, b *adapters.Message) int {
+		return cmp.Compare(first[groupOf(a)], first[groupOf(b)])
+	})
+	return ms
+}
+
+// compareSeq orders two SequenceNumbers (decimals of any length).
+func compareSeq(a, b string) int {
+	if c := cmp.Compare(len(a), len(b)); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
+// fit chooses at most n of ms (grouped by groupOrder): the oldest group
+// heads first, by SequenceNumber, then their chain tails in order while
+// room is left; it puts the rest back. A chain tail thus never takes the
+// place of another group's head, and groups go oldest first as far as one
+// receive shows them.
+func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
+	if len(ms) == 0 {
+		return ms
+	}
+	type chain struct{ ms []*adapters.Message }
+	var chains []*chain
+	byGroup := map[string]*chain{}
+	for _, m := range ms {
+		g := groupOf(m)
+		c := byGroup[g]
+		if c == nil {
+			c = &chain{}
+			byGroup[g] = c
+			chains = append(chains, c)
+		}
+		c.ms = append(c.ms, m)
+	}
+	slices.SortStableFunc(chains, func(a, b *chain) int {
+		return compareSeq(a.ms[0].AckID.(*delivery).seq, b.ms[0].AckID.(*delivery).seq)
+	})
+	take := make([]int, len(chains))
+	room := n
+	for i := range chains {
+		if room > 0 {
+			take[i] = 1
+			room--
+		}
+	}
+	for i, c := range chains {
+		if take[i] == 0 {
+			continue
+		}
+		extra := min(room, len(c.ms)-1)
+		take[i] += extra
+		room -= extra
+	}
+	out := make([]*adapters.Message, 0, n)
+	var back []*adapters.Message
+	for i, c := range chains {
+		out = append(out, c.ms[:take[i]]...)
+		back = append(back, c.ms[take[i]:]...)
+	}
+	if len(back) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+		s.Release(ctx, back)
+		cancel()
+	}
+	return out
+}
+
+// decode converts a received message.
+func (s *Subscription) decode(rm *types.Message) *adapters.Message {
+	d := &delivery{
+		receipt: aws.ToString(rm.ReceiptHandle),
+		sqsID:   aws.ToString(rm.MessageId),
+		group:   rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)],
+		body:    aws.ToString(rm.Body),
+		attrs:   rm.MessageAttributes,
+		seq:     rm.Attributes[string(types.MessageSystemAttributeNameSequenceNumber)],
+	}
+	m := &adapters.Message{AckID: d, Payload: []byte(d.body)}
+	for k, v := range rm.MessageAttributes {
+		switch k {
+		case AttrID:
+			m.ID = attrString(v)
+		case AttrKey:
+			m.Key = attrString(v)
+		case AttrNotBefore:
+			m.NotBefore, _ = time.Parse(time.RFC3339Nano, attrString(v))
+		case AttrEncoding:
+			if attrString(v) == "base64" {
+				if p, err := base64.StdEncoding.DecodeString(d.body); err == nil {
+					m.Payload = p
+				}
+			}
+		case AttrReason, AttrAttempts, AttrDeadAt:
+		default:
+			if v.StringValue != nil || v.BinaryValue != nil {
+				if m.Headers == nil {
+					m.Headers = map[string]string{}
+				}
+				m.Headers[k] = attrString(v)
+			}
+		}
+	}
+	if m.ID == "" {
+		m.ID = d.sqsID
+	}
+	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
+	m.Attempt = prior + max(n-s.book.get(d.sqsID), 1)
+	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+		m.PublishTime = time.UnixMilli(ms)
+	}
+	return m
+}
+
+// Ack deletes messages with DeleteMessageBatch.
+func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+	var errs []error
+	for start := 0; start < len(ms); start += MaxBatchMessages {
+		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
+		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
+		for i, m := range chunk {
+			d := m.AckID.(*delivery)
+			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
+			s.book.forget(d.sqsID)
+		}
+		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: delete from %s: %w", s.queueURL, err))
+			continue
+		}
+		if len(out.Failed) > 0 {
+			errs = append(errs, batchError("delete", out.Failed))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Nack returns a failed message to be redelivered not before delay.
+//
+// Under Ordered (and Parallel, where each message is its own group) it
+// makes m visible again after delay (rounded up to whole seconds, at most
+// 12h); until then its group stays blocked. The receive counted the
+// attempt.
+//
+// Under Exclusive, where later messages may overtake a failed one, it
+// sends a copy of m to the end of its group, carrying the attempts made
+// (keyorder-attempts) and the retry time as its not-before time, and then
+// deletes m: the group's later messages run meanwhile, and the copy is
+// held when it is received early. If the delete fails after the copy was
+// sent, m comes back too (at least once).
+func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	d := m.AckID.(*delivery)
+	if s.ordering == policy.Exclusive && m.Key != "" {
+		return s.requeue(ctx, m, delay)
+	}
+	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
+		VisibilityTimeout: seconds(delay),
+	})
+	if err != nil {
+		return fmt.Errorf("sqs: nack: %w", err)
+	}
+	return nil
+}
+
+func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	d := m.AckID.(*delivery)
+	attrs := make(map[string]types.MessageAttributeValue, len(d.attrs)+2)
+	for k, v := range d.attrs {
+		attrs[k] = v
+	}
+	attrs[AttrAttempts] = stringAttr(strconv.Itoa(m.Attempt))
+	attrs[AttrNotBefore] = stringAttr(time.Now().Add(delay).UTC().Format(time.RFC3339Nano))
+	if _, ok := attrs[AttrID]; !ok {
+		attrs[AttrID] = stringAttr(m.ID)
+	}
+	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl: aws.String(s.queueURL), MessageBody: aws.String(d.body), MessageAttributes: attrs,
+		MessageGroupId:         aws.String(d.group),
+		MessageDeduplicationId: aws.String(dedupID(m.ID + "/retry/" + randomID())),
+	}); err != nil {
+		return fmt.Errorf("sqs: nack %s (requeue): %w", m.ID, err)
+	}
+	if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt)}); err != nil {
+		return fmt.Errorf("sqs: nack %s: requeued, but deleting the original failed (it will be delivered again): %w", m.ID, err)
+	}
+	s.book.forget(d.sqsID)
+	return nil
+}
+
+// Release makes messages visible again at once, in order, and records that
+// their receive was not an attempt.
+func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+	for _, m := range ms {
+		s.book.add(m.AckID.(*delivery).sqsID)
+	}
+	_, err := s.changeVisibility(ctx, ms, 0)
+	return err
+}
+
+// changeVisibility sets the visibility of ms in batches, in order, and
+// returns the messages SQS refused as sender faults (not in flight, receipt
+// handle invalid) and an error for the rest.
+func (s *Subscription) changeVisibility(ctx context.Context, ms []*adapters.Message, vis time.Duration) ([]*adapters.Message, error) {
+	var refused []*adapters.Message
+	var errs []error
+	for start := 0; start < len(ms); start += MaxBatchMessages {
+		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
+		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
+		for i, m := range chunk {
+			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{
+				Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(m.AckID.(*delivery).receipt),
+				VisibilityTimeout: seconds(vis),
+			}
+		}
+		out, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: change visibility: %w", err))
+			continue
+		}
+		var transient []types.BatchResultErrorEntry
+		for _, f := range out.Failed {
+			i, _ := strconv.Atoi(aws.ToString(f.Id))
+			if f.SenderFault && i < len(chunk) {
+				refused = append(refused, chunk[i])
+			} else {
+				transient = append(transient, f)
+			}
+		}
+		if len(transient) > 0 {
+			errs = append(errs, batchError("change visibility", transient))
+		}
+	}
+	return refused, errors.Join(errs...)
+}
+
+// ExtendLeases sets the messages' visibility to the lease again. Those SQS
+// refuses (receipt handle invalid, message not in flight) are lost.
+func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	return s.changeVisibility(ctx, ms, s.lease)
+}
+
+func (s *Subscription) deadQueue(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	u := s.deadURL
+	s.mu.Unlock()
+	if u != "" {
+		return u, nil
+	}
+	u, err := createFIFO(ctx, s.client, s.deadName, nil, VisibilityDefault)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	s.deadURL = u
+	s.mu.Unlock()
+	return u, nil
+}
+
+// DeadLetter sends m to the dead-letter queue (same group, with reason,
+// attempts and time) and then deletes it from the queue.
+func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+	if s.isClosed() {
+		return errClosed
+	}
+	dq, err := s.deadQueue(ctx)
+	if err != nil {
+		return err
+	}
+	d := m.AckID.(*delivery)
+	attrs := make(map[string]types.MessageAttributeValue, len(d.attrs)+3)
+	for k, v := range d.attrs {
+		if k != AttrNotBefore {
+			attrs[k] = v
+		}
+	}
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
+		}
+	}
+	now := time.Now().UTC()
+	attrs[AttrReason] = stringAttr(reason)
+	attrs[AttrAttempts] = stringAttr(strconv.Itoa(attempts))
+	attrs[AttrDeadAt] = stringAttr(now.Format(time.RFC3339Nano))
+	if _, ok := attrs[AttrID]; !ok {
+		attrs[AttrID] = stringAttr(m.ID)
+	}
+	group := d.group
+	if group == "" {
+		group = GroupID(m.Key)
+	}
+	if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl: aws.String(dq), MessageBody: aws.String(d.body), MessageAttributes: attrs,
+		MessageGroupId:         aws.String(group),
+		MessageDeduplicationId: aws.String(dedupID(m.ID + "/dead/" + strconv.FormatInt(now.UnixNano(), 36))),
+	}); err != nil {
+		return fmt.Errorf("sqs: dead-letter %s: %w", m.ID, err)
+	}
+	if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt)}); err != nil {
+		return fmt.Errorf("sqs: delete dead-lettered %s (it is in the dead-letter queue and may be delivered again): %w", m.ID, err)
+	}
+	s.book.forget(d.sqsID)
+	return nil
+}
+
+// deadMessage is a received dead letter.
+type deadMessage struct {
+	dl adapters.DeadLetter
+	rm types.Message
+}
+
+// maxDeadScan bounds how many dead letters one DeadLetters or Redrive call
+// takes in flight.
+const maxDeadScan = 10_000
+
+// scanDead receives the dead-letter queue's messages (up to limit), leaving
+// them in flight for the caller to release or delete, oldest dead first.
+func (s *Subscription) scanDead(ctx context.Context, dq string, limit int) ([]deadMessage, error) {
+	var out []deadMessage
+	for len(out) < limit {
+		raw, err := s.receiveRaw(ctx, dq, MaxBatchMessages, 0, 60*time.Second)
+		if err != nil {
+			s.releaseDead(dq, out)
+			return nil, err
+		}
+		if len(raw) == 0 {
+			break
+		}
+		for _, rm := range raw {
+			m := s.decode(&rm)
+			dm := deadMessage{rm: rm}
+			dm.dl.Message = *m
+			dm.dl.Message.AckID = nil
+			dm.dl.Message.Attempt = 0
+			dm.dl.Reason = attrString(rm.MessageAttributes[AttrReason])
+			dm.dl.Attempts, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
+			dm.dl.DeadAt, _ = time.Parse(time.RFC3339Nano, attrString(rm.MessageAttributes[AttrDeadAt]))
+			out = append(out, dm)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b deadMessage) int { return a.dl.DeadAt.Compare(b.dl.DeadAt) })
+	return out, nil
+}
+
+// releaseDead makes received dead letters visible again.
+func (s *Subscription) releaseDead(dq string, dms []deadMessage) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	for start := 0; start < len(dms); start += MaxBatchMessages {
+		chunk := dms[start:min(start+MaxBatchMessages, len(dms))]
+		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
+		for i, dm := range chunk {
+			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: dm.rm.ReceiptHandle}
+		}
+		if _, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(dq), Entries: entries}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DeadLetters lists up to limit dead letters, oldest first. It receives
+// them from the dead-letter queue and makes them visible again, so a
+// concurrent DeadLetters or Redrive call (in any process) does not see the
+// ones being listed for that moment.
+func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+	if s.isClosed() {
+		return nil, errClosed
+	}
+	dq, err := s.deadQueue(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dms, err := s.scanDead(ctx, dq, maxDeadScan)
+	if err != nil {
+		return nil, err
+	}
+	defer s.releaseDead(dq, dms)
+	var out []adapters.DeadLetter
+	for _, dm := range dms[:min(len(dms), max(limit, 0))] {
+		out = append(out, dm.dl)
+	}
+	return out, nil
+}
+
+// Redrive sends the dead letters with these IDs back to the queue, in the
+// order they died, behind everything queued meanwhile in their group (with
+// a new deduplication ID and a fresh attempt count), then deletes them from
+// the dead-letter queue.
+func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+	if s.isClosed() {
+		return 0, errClosed
+	}
+	dq, err := s.deadQueue(ctx)
+	if err != nil {
+		return 0, err
+	}
+	dms, err := s.scanDead(ctx, dq, maxDeadScan)
+	if err != nil {
+		return 0, err
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var rest []deadMessage
+	n := 0
+	var errs []error
+	for i, dm := range dms {
+		if !want[dm.dl.Message.ID] {
+			rest = append(rest, dm)
+			continue
+		}
+		attrs := map[string]types.MessageAttributeValue{}
+		for k, v := range dm.rm.MessageAttributes {
+			if k != AttrReason && k != AttrAttempts && k != AttrDeadAt {
+				attrs[k] = v
+			}
+		}
+		group := dm.rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		_, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+			QueueUrl: aws.String(s.queueURL), MessageBody: dm.rm.Body, MessageAttributes: attrs,
+			MessageGroupId:         aws.String(group),
+			MessageDeduplicationId: aws.String(dedupID(dm.dl.Message.ID + "/redrive/" + randomID())),
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err))
+			rest = append(rest, dms[i:]...)
+			break
+		}
+		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
+			errs = append(errs, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err))
+		}
+		n++
+	}
+	if err := s.releaseDead(dq, rest); err != nil {
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// Capabilities describes the subscription: SQS holds groups natively.
+func (s *Subscription) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{Ordering: s.ordering, NativeHold: true, LeaseDuration: s.lease, MaxBatch: MaxBatchMessages}
+}
+
+// IsRetryable reports whether err is transient.
+func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err.
+func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close marks the driver closed; unsettled messages come back when their
+// visibility timeout expires. The client stays the caller's.
+func (s *Subscription) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return nil
+}

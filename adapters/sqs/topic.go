@@ -1,0 +1,239 @@
+package sqs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Topic is the adapters.Topic driver of one FIFO queue.
+type Topic struct {
+	client   *sqs.Client
+	queueURL string
+	ordering policy.Ordering
+}
+
+var _ adapters.Topic = (*Topic)(nil)
+
+// OpenTopic returns a publishing driver for the FIFO queue at queueURL. The
+// queue's ordering is read from its keyorder-ordering tag (Ordered when it
+// has none); opts is accepted for symmetry and may be nil. The client stays
+// the caller's.
+func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*Topic, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: sqs.OpenTopic: nil client", keyorder.ErrInvalidConfig)
+	}
+	ord, err := queueOrdering(ctx, client, queueURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Topic{client: client, queueURL: queueURL, ordering: ord}, nil
+}
+
+// dedupID maps an ID onto SQS's deduplication-id alphabet like GroupID.
+func dedupID(id string) string { return GroupID(id) }
+
+func randomID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// stringAttr returns s as a String attribute, or as a Binary one when it is
+// not SQS text.
+func stringAttr(s string) types.MessageAttributeValue {
+	if sqsText(s) {
+		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	return types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: []byte(s)}
+}
+
+func attrString(v types.MessageAttributeValue) string {
+	if v.StringValue != nil {
+		return *v.StringValue
+	}
+	return string(v.BinaryValue)
+}
+
+// encoded is a message ready for SQS.
+type encoded struct {
+	body  string
+	attrs map[string]types.MessageAttributeValue
+	group string
+	dedup string
+}
+
+// encode converts a driver message, checking what SQS would refuse.
+func encode(m *adapters.Message, ordering policy.Ordering) (*encoded, error) {
+	if len(m.ID) > MaxIDBytes {
+		return nil, fmt.Errorf("%w: ID longer than %d bytes", errBadMessage, MaxIDBytes)
+	}
+	if len(m.Headers) > MaxHeaders {
+		return nil, fmt.Errorf("%w: %d headers, SQS allows at most %d besides the driver's attributes", errBadMessage, len(m.Headers), MaxHeaders)
+	}
+	e := &encoded{attrs: make(map[string]types.MessageAttributeValue, len(m.Headers)+4)}
+	for k, v := range m.Headers {
+		if strings.HasPrefix(strings.ToLower(k), AttrPrefix) {
+			return nil, fmt.Errorf("%w: header %q: the %s prefix is reserved for the driver", errBadMessage, k, AttrPrefix)
+		}
+		if k == "" || len(k) > 256 || strings.HasPrefix(strings.ToLower(k), "aws.") || strings.HasPrefix(strings.ToLower(k), "amazon.") || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
+			return nil, fmt.Errorf("%w: header name %q is not a valid SQS attribute name", errBadMessage, k)
+		}
+		for i := 0; i < len(k); i++ {
+			c := k[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+				return nil, fmt.Errorf("%w: header name %q: SQS attribute names allow A-Z a-z 0-9 - _ . only", errBadMessage, k)
+			}
+		}
+		if !utf8.ValidString(v) {
+			return nil, fmt.Errorf("%w: header %q: value is not valid UTF-8", errBadMessage, k)
+		}
+		e.attrs[k] = stringAttr(v)
+	}
+	id := m.ID
+	if id == "" {
+		id = randomID()
+	}
+	e.attrs[AttrID] = stringAttr(id)
+	e.dedup = dedupID(id)
+	switch {
+	case m.Key == "" || ordering == policy.Parallel:
+		e.group = "m-" + e.dedup
+		if len(e.group) > 128 {
+			e.group = GroupID("m-" + id)
+		}
+	default:
+		e.group = GroupID(m.Key)
+	}
+	if m.Key != "" {
+		e.attrs[AttrKey] = stringAttr(m.Key)
+	}
+	if !m.NotBefore.IsZero() {
+		e.attrs[AttrNotBefore] = stringAttr(m.NotBefore.UTC().Format(time.RFC3339Nano))
+	}
+	if len(m.Payload) == 0 {
+		return nil, fmt.Errorf("%w: SQS message bodies cannot be empty", errBadMessage)
+	}
+	if s := string(m.Payload); sqsText(s) {
+		e.body = s
+	} else {
+		e.body = base64.StdEncoding.EncodeToString(m.Payload)
+		e.attrs[AttrEncoding] = stringAttr("base64")
+	}
+	if n := e.size(); n > MaxMessageBytes {
+		return nil, fmt.Errorf("%w: message size %d bytes (body as sent plus attributes) exceeds SQS's %d", errBadMessage, n, MaxMessageBytes)
+	}
+	return e, nil
+}
+
+// size is the message size as SQS counts it: body plus attribute names,
+// types and values.
+func (e *encoded) size() int {
+	n := len(e.body)
+	for k, v := range e.attrs {
+		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
+	}
+	return n
+}
+
+// SendBatch sends ms with SendMessageBatch, 10 per call, in order, stopping
+// at the first failing call. Every message is checked before anything is
+// sent. When SQS fails part of a call the whole SendBatch fails, although
+// the call's other messages (and earlier calls') were stored: at least once.
+func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+	es := make([]*encoded, len(ms))
+	for i, m := range ms {
+		e, err := encode(m, t.ordering)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
+		}
+		es[i] = e
+	}
+	for start := 0; start < len(es); start += MaxBatchMessages {
+		chunk := es[start:min(start+MaxBatchMessages, len(es))]
+		entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
+		for i, e := range chunk {
+			entries[i] = types.SendMessageBatchRequestEntry{
+				Id:                     aws.String(strconv.Itoa(i)),
+				MessageBody:            aws.String(e.body),
+				MessageAttributes:      e.attrs,
+				MessageGroupId:         aws.String(e.group),
+				MessageDeduplicationId: aws.String(e.dedup),
+			}
+		}
+		out, err := t.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(t.queueURL), Entries: entries})
+		if err != nil {
+			return fmt.Errorf("sqs: send to %s: %w", t.queueURL, err)
+		}
+		if len(out.Failed) > 0 {
+			return batchError("send", out.Failed)
+		}
+	}
+	return nil
+}
+
+// BatchEntryError reports the failed entries of an SQS batch call; its
+// ErrorCode is the first failed entry's code, as for SQS API errors.
+type BatchEntryError struct {
+	// Op names the call ("send", "delete", "change visibility").
+	Op string
+	// Code and Message are the first failed entry's.
+	Code    string
+	Message string
+	// SenderFault is the first failed entry's: false means SQS's fault
+	// (transient).
+	SenderFault bool
+	// Failed counts the entries of the call that failed.
+	Failed int
+}
+
+// Error implements error.
+func (e *BatchEntryError) Error() string {
+	return fmt.Sprintf("sqs: %s: %d entries failed, first: %s: %s (sender fault %v)", e.Op, e.Failed, e.Code, e.Message, e.SenderFault)
+}
+
+// ErrorCode returns the first failed entry's error code.
+func (e *BatchEntryError) ErrorCode() string { return e.Code }
+
+// ErrorMessage returns the first failed entry's message.
+func (e *BatchEntryError) ErrorMessage() string { return e.Message }
+
+func batchError(op string, failed []types.BatchResultErrorEntry) error {
+	f := failed[0]
+	return &BatchEntryError{Op: op, Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault, Failed: len(failed)}
+}
+
+// Limits returns SQS's limits as the driver applies them.
+func (t *Topic) Limits() adapters.Limits {
+	return adapters.Limits{
+		Backend:          "sqs",
+		MaxKeyBytes:      MaxKeyBytes,
+		KeyUTF8:          true,
+		MaxPayloadBytes:  MaxPayloadBytes,
+		PayloadRequired:  true,
+		MaxBatchMessages: MaxBatchMessages,
+	}
+}
+
+// IsRetryable reports whether err is transient (throttling, 5xx, network).
+func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err.
+func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close does nothing: the client is the caller's (or the URL opener's,
+// which needs no closing).
+func (t *Topic) Close() error { return nil }
