@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -475,12 +474,7 @@ func publishFailurePausesKey(f *fixture) {
 	auto := f.publisher(&publish.Config{AutoResume: true})
 	f.pair.Topic = saved
 	boom := errors.New("broker unavailable")
-	ft.setFail(func(ms []*adapters.Message) error {
-		if ms[0].Key == "bad" {
-			return boom
-		}
-		return nil
-	})
+	ft.failKey("bad", boom)
 	if err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("failed publish = %v, want the broker error", err)
 	}
@@ -499,12 +493,7 @@ func publishFailurePausesKey(f *fixture) {
 	}
 	f.publish(p, "x3:bad")
 	// Auto-resume: the failed publish returns its error, the next is sent.
-	ft.setFail(func(ms []*adapters.Message) error {
-		if ms[0].Key == "auto" {
-			return boom
-		}
-		return nil
-	})
+	ft.failKey("auto", boom)
 	if err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("auto-resume publish = %v", err)
 	}

@@ -322,6 +322,7 @@ type failingTopic struct {
 	fail func(ms []*adapters.Message) error
 }
 
+// SendBatch fails when the hook says so, else sends.
 func (ft *failingTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	ft.mu.Lock()
 	fail := ft.fail
@@ -334,8 +335,20 @@ func (ft *failingTopic) SendBatch(ctx context.Context, ms []*adapters.Message) e
 	return ft.Topic.SendBatch(ctx, ms)
 }
 
+// IsRetryable reports false: injected failures are final.
 func (ft *failingTopic) IsRetryable(error) bool { return false }
 
+// failKey makes sends of key's batches fail with err.
+func (ft *failingTopic) failKey(key string, err error) {
+	ft.setFail(func(ms []*adapters.Message) error {
+		if ms[0].Key == key {
+			return err
+		}
+		return nil
+	})
+}
+
+// setFail sets the failure hook (nil: no failures).
 func (ft *failingTopic) setFail(fn func(ms []*adapters.Message) error) {
 	ft.mu.Lock()
 	ft.fail = fn
@@ -345,4 +358,5 @@ func (ft *failingTopic) setFail(fn func(ms []*adapters.Message) error) {
 // keepOpen leaves closing the harness's topic driver to the harness.
 type keepOpen struct{ adapters.Topic }
 
+// Close leaves the driver open.
 func (keepOpen) Close() error { return nil }
