@@ -210,7 +210,7 @@ func ledgerDeadLetter(f *fixture) {
 	}
 	dl, err := r.sub.DeadLetters(f.ctx, 10)
 	if errors.Is(err, keyorder.ErrUnsupported) {
-		return
+		f.t.Skipf("group order checked; listing dead letters is not supported by this backend (%v)", err)
 	}
 	if err != nil || len(dl) != 1 || string(dl[0].Message.Payload) != "101" || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "account closed") {
 		f.t.Fatalf("dead letters = %+v, %v; want 101 with its reason and 1 attempt", dl, err)
@@ -326,7 +326,7 @@ func deadLetterThenContinue(f *fixture) {
 	}
 	dl, err := r.sub.DeadLetters(f.ctx, 10)
 	if errors.Is(err, keyorder.ErrUnsupported) {
-		return
+		f.t.Skipf("group order checked; listing dead letters is not supported by this backend (%v)", err)
 	}
 	if err != nil || len(dl) != 1 || dl[0].Attempts != 3 || !strings.Contains(dl[0].Reason, "attempt 3 failed") {
 		f.t.Fatalf("dead letters = %+v, %v; want a1 with 3 attempts and the last error", dl, err)
