@@ -141,3 +141,15 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// javaClasspath finds the java command and resolves the classpath of the
+// Maven project integration/java/<name>, within the resolution timeout.
+func javaClasspath(ctx context.Context, o *Options, name string) (java, cp string, resolved time.Duration, err error) {
+	if java, err = javaCmd(); err != nil {
+		return "", "", 0, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout(o))
+	defer cancel()
+	cp, resolved, err = resolveClasspath(rctx, o, name)
+	return java, cp, resolved, err
+}

@@ -40,13 +40,7 @@ var pulsarJVMFlags = []string{
 // It waits until the admin API's broker health check (which writes and reads a
 // message) passes and the default namespace public/default exists.
 func StartPulsar(ctx context.Context, o Options) (*Server, error) {
-	java, err := javaCmd()
-	if err != nil {
-		return nil, fmt.Errorf("pulsar: %w", err)
-	}
-	rctx, cancel := context.WithTimeout(ctx, resolveTimeout(&o))
-	defer cancel()
-	cp, resolved, err := resolveClasspath(rctx, &o, "pulsar")
+	java, cp, resolved, err := javaClasspath(ctx, &o, "pulsar")
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: %w", err)
 	}

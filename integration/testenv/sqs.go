@@ -18,13 +18,7 @@ import (
 // configured by integration/java/elasticmq/elasticmq.conf, and waits until it
 // answers an SQS ListQueues call (AWS JSON 1.0).
 func StartSQS(ctx context.Context, o Options) (*Server, error) {
-	java, err := javaCmd()
-	if err != nil {
-		return nil, fmt.Errorf("sqs: %w", err)
-	}
-	rctx, cancel := context.WithTimeout(ctx, resolveTimeout(&o))
-	defer cancel()
-	cp, resolved, err := resolveClasspath(rctx, &o, "elasticmq")
+	java, cp, resolved, err := javaClasspath(ctx, &o, "elasticmq")
 	if err != nil {
 		return nil, fmt.Errorf("sqs: %w", err)
 	}
