@@ -10,6 +10,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/publish"
 )
 
@@ -97,18 +98,8 @@ func TestPublishWithDoneContextSendsNothing(t *testing.T) {
 // Close sends what is queued before it returns, in order.
 func TestCloseSendsQueued(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
-		p, err := publish.New(g, &publish.Config{MaxBatch: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p, g, s, errs := queueBehindGate(t)
 		ctx := context.Background()
-		errs := make(chan error, 3)
-		for _, m := range []string{"m1", "m2", "m3"} {
-			go func() { errs <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
-			synctest.Wait()
-		}
 		closed := make(chan error, 1)
 		go func() { closed <- p.Close(ctx) }()
 		synctest.Wait()
@@ -134,18 +125,8 @@ func TestCloseSendsQueued(t *testing.T) {
 // with an error saying the publisher was closed, none is left waiting.
 func TestCloseDeadlineFailsQueued(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
-		p, err := publish.New(g, &publish.Config{MaxBatch: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p, _, s, errs := queueBehindGate(t)
 		ctx := context.Background()
-		errs := make(chan error, 3)
-		for _, m := range []string{"m1", "m2", "m3"} {
-			go func() { errs <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
-			synctest.Wait()
-		}
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		if err := p.Close(cctx); !errors.Is(err, context.Canceled) {
@@ -162,4 +143,23 @@ func TestCloseDeadlineFailsQueued(t *testing.T) {
 			t.Fatalf("broker got %v", payloads(got))
 		}
 	})
+}
+
+// queueBehindGate returns a publisher (batches of one) whose sends wait at a
+// gate, with m1, m2 and m3 of key k published and queued behind it; their
+// results arrive on errs.
+func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Subscription, chan error) {
+	t.Helper()
+	b, _, s := setup(t, nil)
+	g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+	p, err := publish.New(g, &publish.Config{MaxBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 3)
+	for _, m := range []string{"m1", "m2", "m3"} {
+		go func() { errs <- p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
+		synctest.Wait()
+	}
+	return p, g, s, errs
 }
