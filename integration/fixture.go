@@ -307,10 +307,21 @@ func (g *gate) handler(ctx context.Context, d *keyorder.Delivery) error {
 // release sends name's handler its result.
 func (g *gate) release(t *testing.T, name string, err error) {
 	t.Helper()
+	if e := g.tryRelease(name, err, time.Minute); e != nil {
+		t.Fatal(e)
+	}
+}
+
+// tryRelease sends name's handler its result, waiting up to timeout for the
+// handler to run; it may be called from any goroutine.
+func (g *gate) tryRelease(name string, err error, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
 	select {
 	case g.get(name) <- err:
-	case <-time.After(time.Minute):
-		t.Fatalf("handler of %s is not running", name)
+		return nil
+	case <-t.C:
+		return fmt.Errorf("handler of %s is not running", name)
 	}
 }
 

@@ -131,10 +131,6 @@ func TestConformanceEmulator(t *testing.T) {
 
 func TestConformancePstest(t *testing.T) {
 	integration.Run(t, &harness{client: pstestClient(t), unsupported: map[string]string{
-		"WorkedExample": "NOT UNDERSTOOD YET, declared so CI stays meaningful: in full-package runs after the " +
-			"emulator suite, pstest sometimes (3 of 7 runs) never delivers a2 within 60s after a1 was acknowledged " +
-			"(no ack error is logged); it passes alone and in 8 of 8 runs under synthetic CPU load. " +
-			"The emulator harness and the memory backend run this case; see the issue 4 closing note",
 		"ExclusiveAllowsOvertaking": "pstest hands out only the oldest unacknowledged message of an ordering key " +
 			"(its Pull and StreamingPull deliver a key's head and nothing behind it until it is acknowledged), " +
 			"so 102 cannot arrive while 101 waits in process for its retry: on pstest Exclusive behaves as Ordered, " +
