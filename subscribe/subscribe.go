@@ -164,6 +164,9 @@ type Subscriber struct {
 
 	acked *idSet
 	stats Stats
+
+	// settling tracks acknowledgements being retried off the acker.
+	settling sync.WaitGroup
 }
 
 // Stats counts what a Subscriber did.
@@ -175,6 +178,13 @@ type Stats struct {
 	Suppressed   atomic.Int64 // redeliveries of acknowledged IDs
 	LeasesLost   atomic.Int64
 	Panics       atomic.Int64
+	// SettleRetries counts settlement calls (Ack, Nack, Release,
+	// DeadLetter, ExtendLeases) repeated after a retryable failure.
+	SettleRetries atomic.Int64
+	// SettleFailures counts settlements given up (a permanent error, or
+	// retries exhausted): the broker redelivers those messages when their
+	// leases expire.
+	SettleFailures atomic.Int64
 }
 
 // item is one received message on its way through the lanes.
@@ -311,6 +321,7 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	}
 	close(s.acks)
 	<-ackDone
+	s.settling.Wait()
 	stopLeases()
 	<-leaseDone
 	return runErr
@@ -446,8 +457,9 @@ func (s *Subscriber) giveBack(its []*item) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.detach(its...)
-	err := s.drv.Release(ctx, ms)
+	err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Release(ctx, ms) })
 	if err != nil {
+		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
 	}
 	for _, it := range its {
@@ -597,6 +609,17 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 		}
 		s.mu.Unlock()
 		if err := s.drv.Ack(actx.get(), ms); err != nil {
+			if s.drv.IsRetryable(err) {
+				// Retried off the acker, so the acknowledgements queued
+				// behind this batch are not held up by it.
+				s.stats.SettleRetries.Add(1)
+				s.settling.Add(1)
+				go s.retryAck(slices.Clone(batch), slices.Clone(ms))
+				clear(batch)
+				clear(ms)
+				continue
+			}
+			s.stats.SettleFailures.Add(1)
 			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 		}
 		for _, it := range batch {
@@ -605,6 +628,68 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 		clear(batch)
 		clear(ms)
 	}
+}
+
+// retryAck retries an acknowledgement that failed with a retryable error,
+// with backoff, then forgets the batch's items whatever the outcome: an
+// acknowledgement that never lands leaves the messages to the broker's
+// redelivery, which the acknowledged-ID set suppresses.
+func (s *Subscriber) retryAck(batch []*item, ms []*adapters.Message) {
+	defer s.settling.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	defer cancel()
+	if err := s.backoffRetry(ctx, 1, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
+		s.stats.SettleFailures.Add(1)
+		s.cfg.Logger.Warn("keyorder: acknowledging messages failed after retries; the broker may redeliver them", "count", len(ms), "err", err)
+	}
+	for _, it := range batch {
+		s.forget(it)
+	}
+}
+
+// Settlement retries: a call failing with an error the driver calls
+// retryable is repeated with backoff (settleBackoff, from settleMinBackoff
+// doubling up to settleMaxBackoff), at most settleTries calls in all and
+// within the call's context (ackTimeout), then given up and logged.
+const (
+	settleTries      = 8
+	settleMinBackoff = 50 * time.Millisecond
+	settleMaxBackoff = 5 * time.Second
+)
+
+var settleBackoff = policy.Retry{MinBackoff: settleMinBackoff, MaxBackoff: settleMaxBackoff}
+
+// retrySettle runs a settlement call, repeating it while it fails with a
+// retryable error, up to the bounds above. It returns the last error.
+func (s *Subscriber) retrySettle(ctx context.Context, call func(ctx context.Context) error) error {
+	err := call(ctx)
+	if err == nil || !s.drv.IsRetryable(err) {
+		return err
+	}
+	s.stats.SettleRetries.Add(1)
+	return s.backoffRetry(ctx, 1, call)
+}
+
+// backoffRetry repeats a call that has failed retryably failed times,
+// waiting settleBackoff before each try.
+func (s *Subscriber) backoffRetry(ctx context.Context, failed int, call func(ctx context.Context) error) error {
+	var err error
+	for ; failed < settleTries; failed++ {
+		t := time.NewTimer(settleBackoff.Backoff(failed))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		if err = call(ctx); err == nil || !s.drv.IsRetryable(err) {
+			return err
+		}
+		if failed+1 < settleTries {
+			s.stats.SettleRetries.Add(1)
+		}
+	}
+	return err
 }
 
 // timeoutCtx hands out a context with at least ackTimeout left, making a new
@@ -630,13 +715,18 @@ func (t *timeoutCtx) stop() {
 	}
 }
 
-// settle runs a driver call that finishes an item, logging its failure.
+// settle runs a driver call that finishes an item, retrying it while it
+// fails retryably (retrySettle), and logs a failure it gives up on. It runs
+// on the item's lane, so the lane moves on to the key's next message only
+// after the broker has the settlement (or it was given up and the broker
+// will redeliver the message when its lease expires).
 func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
 	s.detach(it)
-	err := call(ctx)
+	err := s.retrySettle(ctx, call)
 	if err != nil {
+		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: settling message failed; the broker will redeliver it", "id", it.m.ID, "key", it.m.Key, "err", err)
 	}
 	s.forget(it)
@@ -779,17 +869,26 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		<-ctx.Done()
 		return
 	}
-	t := time.NewTicker(s.caps.LeaseDuration / 3)
+	// A renewal that fails retryably is tried again after settleBackoff
+	// (never later than the regular period); the next round collects the
+	// messages still outstanding then, so a message settled meanwhile is
+	// not renewed after its settlement.
+	period := s.caps.LeaseDuration / 3
+	t := time.NewTimer(period)
 	defer t.Stop()
+	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		next := period
 		s.mu.Lock()
 		if len(s.outstanding) == 0 {
 			s.mu.Unlock()
+			failures = 0
+			t.Reset(next)
 			continue
 		}
 		round := make(chan struct{})
@@ -803,9 +902,20 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		s.mu.Unlock()
 		lost, err := s.drv.ExtendLeases(ctx, ms)
 		close(round)
-		if err != nil {
+		switch {
+		case err == nil:
+			failures = 0
+		case s.drv.IsRetryable(err) && failures+1 < settleTries:
+			failures++
+			s.stats.SettleRetries.Add(1)
+			next = min(next, settleBackoff.Backoff(failures))
+			s.cfg.Logger.Debug("keyorder: extending leases failed; retrying", "err", err, "failures", failures)
+		default:
+			failures = 0
+			s.stats.SettleFailures.Add(1)
 			s.cfg.Logger.Warn("keyorder: extending leases failed", "err", err)
 		}
+		t.Reset(next)
 		if len(lost) == 0 {
 			continue
 		}

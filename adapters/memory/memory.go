@@ -205,6 +205,50 @@ func (b *Broker) FailSends(topicName string, fn func(ms []*adapters.Message) err
 	b.topicLocked(topicName, nil).failFn = fn
 }
 
+// SettleOp names a settlement call of a subscription driver, for
+// FailSettlements.
+type SettleOp string
+
+// The settlement calls FailSettlements can fail.
+const (
+	OpAck          SettleOp = "ack"
+	OpNack         SettleOp = "nack"
+	OpRelease      SettleOp = "release"
+	OpDeadLetter   SettleOp = "deadletter"
+	OpExtendLeases SettleOp = "extendleases"
+)
+
+// Fault is what an injected settlement failure does. The zero Fault lets
+// the call through.
+type Fault struct {
+	// Err is returned by the call. Wrap Transient to make it retryable
+	// (IsRetryable reports true); any other error is permanent.
+	Err error
+	// Applied makes the call take effect before Err is returned, as when
+	// the broker acted but its answer was lost on the way back.
+	Applied bool
+}
+
+// FailSettlements makes every settlement call (Ack, Nack, Release,
+// DeadLetter, ExtendLeases) of every consumer of the subscription call fn
+// first, with the messages of the call; the Fault it returns decides the
+// call's outcome. Pass nil to stop. It is a fault-injection hook for tests
+// of settlement under a flaky network; fn may be called concurrently.
+func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*adapters.Message) Fault) error {
+	b.mu.Lock()
+	s, ok := b.subs[subName]
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("memory: subscription %q: %w", subName, errNotFound)
+	}
+	if fn == nil {
+		s.faults.Store(nil)
+	} else {
+		s.faults.Store(&fn)
+	}
+	return nil
+}
+
 // OpenTopic returns a publishing driver for topic, creating it if needed.
 func (b *Broker) OpenTopic(name string) *Topic {
 	b.mu.Lock()
@@ -309,31 +353,62 @@ func (d *Subscription) Receive(ctx context.Context, max int) ([]*adapters.Messag
 	return d.s.receive(ctx, d.consumer, max)
 }
 
+// inject runs a settlement call through the subscription's fault hook.
+func (d *Subscription) inject(op SettleOp, ms []*adapters.Message, call func() error) error {
+	fn := d.s.faults.Load()
+	if fn == nil {
+		return call()
+	}
+	f := (*fn)(op, ms)
+	if f.Err == nil {
+		return call()
+	}
+	if f.Applied {
+		call()
+	}
+	return f.Err
+}
+
 // Ack settles messages.
 func (d *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
-	return d.s.settle(ms, func(l *lease, now time.Time) { d.s.ack(l) })
+	return d.inject(OpAck, ms, func() error {
+		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.ack(l) })
+	})
 }
 
 // Nack returns a failed message, redeliverable after delay.
 func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
-	return d.s.settle([]*adapters.Message{m}, func(l *lease, now time.Time) { d.s.retry(l, now.Add(delay), true) })
+	ms := []*adapters.Message{m}
+	return d.inject(OpNack, ms, func() error {
+		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.retry(l, now.Add(delay), true) })
+	})
 }
 
 // Release returns unhandled messages without counting an attempt. It returns
 // the last first: on an InProcess subscription returning a message returns
 // the later delivered messages of its key with it.
 func (d *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
-	return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
+	return d.inject(OpRelease, ms, func() error {
+		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
+	})
 }
 
 // ExtendLeases renews leases; expired ones are reported lost.
 func (d *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
-	return d.s.extend(ms), nil
+	var lost []*adapters.Message
+	err := d.inject(OpExtendLeases, ms, func() error {
+		lost = d.s.extend(ms)
+		return nil
+	})
+	return lost, err
 }
 
 // DeadLetter moves m to the subscription's dead letters.
 func (d *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
-	return d.s.settle([]*adapters.Message{m}, func(l *lease, now time.Time) { d.s.deadLetter(l, reason, attempts, now) })
+	ms := []*adapters.Message{m}
+	return d.inject(OpDeadLetter, ms, func() error {
+		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.deadLetter(l, reason, attempts, now) })
+	})
 }
 
 // Capabilities describes the subscription.

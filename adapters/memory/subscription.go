@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyorder/keyorder/adapters"
@@ -62,6 +63,9 @@ type subscription struct {
 	dead      []adapters.DeadLetter
 
 	q *groupq.Queue[*entry] // Native
+
+	// faults is the FailSettlements hook, nil for none.
+	faults atomic.Pointer[func(op SettleOp, ms []*adapters.Message) Fault]
 
 	seq     uint64 // InProcess
 	pending []*entry
