@@ -29,6 +29,20 @@
 // subscriber shuts down past its deadline. Delivery is at least once;
 // messages whose ID this process acknowledged recently are acknowledged
 // again without running the handler.
+//
+// # Settlement under a flaky network
+//
+// Settling a message (Ack, Nack, Release, DeadLetter) and renewing leases
+// (ExtendLeases) are retried with backoff while the driver reports the error
+// retryable (adapters.Subscription.IsRetryable), a bounded number of times
+// within a bounded time; drivers never retry on their own. A Nack, Release
+// or DeadLetter is retried on the message's lane, so under Ordered the key
+// moves on only after the broker has the settlement; acknowledgements are
+// retried beside the batching acker, so one failing batch does not hold the
+// others. A settlement given up (a permanent error, or retries exhausted) is
+// logged and counted in Stats.SettleFailures and the message is left to the
+// broker, which redelivers it when its lease expires; a redelivered message
+// whose handler already succeeded is acknowledged without running again.
 package subscribe
 
 import (
@@ -614,7 +628,7 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 				// behind this batch are not held up by it.
 				s.stats.SettleRetries.Add(1)
 				s.settling.Add(1)
-				go s.retryAck(slices.Clone(batch), slices.Clone(ms))
+				go s.retryAck(slices.Clone(batch), slices.Clone(ms), err)
 				clear(batch)
 				clear(ms)
 				continue
@@ -634,11 +648,11 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 // with backoff, then forgets the batch's items whatever the outcome: an
 // acknowledgement that never lands leaves the messages to the broker's
 // redelivery, which the acknowledged-ID set suppresses.
-func (s *Subscriber) retryAck(batch []*item, ms []*adapters.Message) {
+func (s *Subscriber) retryAck(batch []*item, ms []*adapters.Message, err error) {
 	defer s.settling.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
-	if err := s.backoffRetry(ctx, 1, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
+	if err := s.backoffRetry(ctx, 1, err, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
 		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: acknowledging messages failed after retries; the broker may redeliver them", "count", len(ms), "err", err)
 	}
@@ -667,19 +681,18 @@ func (s *Subscriber) retrySettle(ctx context.Context, call func(ctx context.Cont
 		return err
 	}
 	s.stats.SettleRetries.Add(1)
-	return s.backoffRetry(ctx, 1, call)
+	return s.backoffRetry(ctx, 1, err, call)
 }
 
-// backoffRetry repeats a call that has failed retryably failed times,
-// waiting settleBackoff before each try.
-func (s *Subscriber) backoffRetry(ctx context.Context, failed int, call func(ctx context.Context) error) error {
-	var err error
+// backoffRetry repeats a call that has failed retryably failed times, the
+// last time with err, waiting settleBackoff before each try.
+func (s *Subscriber) backoffRetry(ctx context.Context, failed int, err error, call func(ctx context.Context) error) error {
 	for ; failed < settleTries; failed++ {
 		t := time.NewTimer(settleBackoff.Backoff(failed))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return err
 		case <-t.C:
 		}
 		if err = call(ctx); err == nil || !s.drv.IsRetryable(err) {

@@ -39,6 +39,13 @@
 // At least once. A lease that expires counts an attempt and makes the
 // message deliverable again (InProcess: with every later delivered message
 // of its key, acknowledged or not, as Pub/Sub does).
+//
+// # Fault injection
+//
+// Broker.FailSends and Broker.FailSettlements make sends and settlement
+// calls fail on demand, transiently (errors wrapping Transient, which
+// IsRetryable reports true) or permanently, before or after taking effect,
+// so the portable layer's retries can be tested without a network.
 package memory
 
 import (

@@ -1,0 +1,278 @@
+package subscribe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// flaky decides, per settlement call, whether the memory broker fails it,
+// and counts what it did.
+type flaky struct {
+	mu       sync.Mutex
+	calls    map[memory.SettleOp]int
+	injected map[memory.SettleOp]int
+	rule     func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault
+}
+
+func newFlaky(rule func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault) *flaky {
+	return &flaky{calls: map[memory.SettleOp]int{}, injected: map[memory.SettleOp]int{}, rule: rule}
+}
+
+func (f *flaky) fault(op memory.SettleOp, ms []*adapters.Message) memory.Fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[op]++
+	ft := f.rule(op, f.calls[op], ms)
+	if ft.Err != nil {
+		f.injected[op]++
+	}
+	return ft
+}
+
+func (f *flaky) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, op := range []memory.SettleOp{memory.OpAck, memory.OpNack, memory.OpRelease, memory.OpDeadLetter, memory.OpExtendLeases} {
+		fmt.Fprintf(&b, " %s %d/%d", op, f.injected[op], f.calls[op])
+	}
+	return b.String()
+}
+
+func (f *flaky) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, v := range f.injected {
+		n += v
+	}
+	return n
+}
+
+func transient(op memory.SettleOp) error {
+	return fmt.Errorf("%s: connection reset: %w", op, memory.Transient)
+}
+
+// run is one handler call as the test saw it.
+type run struct {
+	id      string
+	attempt int
+}
+
+// A flaky network fails every other settlement call (and three lease
+// renewals in four) with a transient error. The subscriber retries them, so
+// the run is the one a healthy network gives: every message handled once
+// (twice where the handler failed on purpose), dead letters only for the
+// permanent failures and with their reasons, no lease lost, no message
+// returned unhandled charged an attempt, and per key the publish order.
+func TestSettlementRetriedUnderTransientFailures(t *testing.T) {
+	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
+		name := map[memory.Hold]string{memory.Native: "Native", memory.InProcess: "InProcess"}[hold]
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { settleUnderTransientFailures(t, hold) })
+		})
+	}
+}
+
+func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
+	const keys, perKey = 6, 12
+	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
+	net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+		if op == memory.OpExtendLeases {
+			if n%4 != 0 { // three in a row fail: a lease not renewed for 9s is lost
+				return memory.Fault{Err: transient(op)}
+			}
+			return memory.Fault{}
+		}
+		if n%2 == 1 {
+			return memory.Fault{Err: transient(op)}
+		}
+		return memory.Fault{}
+	})
+	if err := w.b.FailSettlements("s", net.fault); err != nil {
+		t.Fatal(err)
+	}
+	id := func(k, i int) string { return fmt.Sprintf("k%d-%02d", k, i) }
+	failsOnce := func(i int) bool { return i%4 == 1 }
+	permanent := func(k, i int) bool { return i == 6 && k%2 == 0 }
+
+	var mu sync.Mutex
+	var runs []run
+	s, stop := w.start(t, nil, &subscribe.Config{Workers: 4, Retry: policy.Retry{MaxAttempts: 3}},
+		func(ctx context.Context, d *keyorder.Delivery) error {
+			mu.Lock()
+			runs = append(runs, run{d.ID, d.Attempt})
+			mu.Unlock()
+			var k, i int
+			fmt.Sscanf(d.ID, "k%d-%d", &k, &i)
+			if i%5 == 0 {
+				time.Sleep(7 * time.Second) // spans lease renewals
+			} else {
+				time.Sleep(time.Second)
+			}
+			switch {
+			case permanent(k, i):
+				return keyorder.Permanent(errors.New("account closed"))
+			case failsOnce(i) && d.Attempt == 1:
+				return errors.New("balance service timed out")
+			}
+			return nil
+		})
+	stop = stopOnce(stop)
+	defer stop()
+	for i := range perKey {
+		for k := range keys {
+			w.publish(t, id(k, i), fmt.Sprintf("K%d", k))
+		}
+	}
+	time.Sleep(10 * time.Minute)
+	synctest.Wait()
+	stop()
+	st := s.Stats()
+
+	// Expected handler runs per key: each message once, twice if it fails
+	// once on purpose, and permanent ones once.
+	wantRuns, planned := 0, 0
+	var wantDead []string
+	for k := range keys {
+		var want, got []run
+		for i := range perKey {
+			want = append(want, run{id(k, i), 1})
+			if failsOnce(i) && !permanent(k, i) {
+				want = append(want, run{id(k, i), 2})
+				planned++
+			}
+			if permanent(k, i) {
+				wantDead = append(wantDead, id(k, i))
+			}
+		}
+		mu.Lock()
+		for _, r := range runs {
+			if strings.HasPrefix(r.id, fmt.Sprintf("k%d-", k)) {
+				got = append(got, r)
+			}
+		}
+		mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Errorf("key K%d ran (id, attempt)\n  %v\nwant\n  %v", k, got, want)
+		}
+		wantRuns += len(want)
+	}
+	dl, err := s.DeadLetters(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotDead []string
+	for _, d := range dl {
+		gotDead = append(gotDead, d.Message.ID)
+		if !strings.Contains(d.Reason, "account closed") || d.Attempts != 1 {
+			t.Errorf("dead letter %s: reason %q, attempts %d; want the handler's reason and 1 attempt", d.Message.ID, d.Reason, d.Attempts)
+		}
+	}
+	slices.Sort(gotDead)
+	slices.Sort(wantDead)
+	if !slices.Equal(gotDead, wantDead) {
+		t.Errorf("dead letters %v, want %v", gotDead, wantDead)
+	}
+	if n := st.LeasesLost.Load(); n != 0 {
+		t.Errorf("%d leases lost, want 0", n)
+	}
+	if n := st.Suppressed.Load(); n != 0 {
+		t.Errorf("%d redeliveries of acknowledged messages, want 0 (every acknowledgement landed)", n)
+	}
+	if n := st.SettleFailures.Load(); n != 0 {
+		t.Errorf("%d settlements given up, want 0", n)
+	}
+	ops := []memory.SettleOp{memory.OpAck, memory.OpDeadLetter, memory.OpExtendLeases}
+	if hold == memory.Native {
+		ops = append(ops, memory.OpNack, memory.OpRelease)
+	}
+	net.mu.Lock()
+	for _, op := range ops {
+		if net.injected[op] == 0 {
+			t.Errorf("no %s failure injected: the test does not exercise it", op)
+		}
+	}
+	net.mu.Unlock()
+	mu.Lock()
+	handled := len(runs)
+	mu.Unlock()
+	t.Logf("messages %d, planned handler failures %d, permanent %d; handler runs %d (want %d); "+
+		"injected failures %d (failed/calls:%s); settlement retries %d; given up %d; leases lost %d; suppressed %d",
+		keys*perKey, planned, len(wantDead), handled, wantRuns, net.total(), net,
+		st.SettleRetries.Load(), st.SettleFailures.Load(), st.LeasesLost.Load(), st.Suppressed.Load())
+}
+
+// A settlement call is retried while the driver calls its error
+// retryable, and no further once it is not: the broker then redelivers the
+// message when its lease expires, and an acknowledged one is suppressed, not
+// run again. Nothing is lost and no handler runs twice.
+func TestSettlementStopsAtPermanentFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		permanentErr := errors.New("access denied")
+		net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+			// The first Ack and the first Nack: one transient failure,
+			// then a permanent one.
+			if (op == memory.OpAck || op == memory.OpNack) && n <= 2 {
+				if n == 1 {
+					return memory.Fault{Err: transient(op)}
+				}
+				return memory.Fault{Err: permanentErr}
+			}
+			return memory.Fault{}
+		})
+		if err := w.b.FailSettlements("s", net.fault); err != nil {
+			t.Fatal(err)
+		}
+		var log startLog
+		s, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(fmt.Sprintf("%s#%d", d.ID, d.Attempt))
+			if d.ID == "b1" && d.Attempt == 1 {
+				return errors.New("fail once")
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "a1", "A")
+		time.Sleep(20 * time.Second) // a1 settled (its redelivery too)
+		w.publish(t, "b1", "B")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		net.mu.Lock()
+		ackCalls, nackCalls := net.calls[memory.OpAck], net.calls[memory.OpNack]
+		net.mu.Unlock()
+		// a1: ack fails transiently, then permanently: 2 calls, given up;
+		// redelivered at lease expiry, suppressed, acknowledged (3rd call).
+		// b1: ack of its retry (4th). Nack: 2 calls, given up; b1
+		// redelivered at lease expiry as attempt 2.
+		if ackCalls != 4 || nackCalls != 2 {
+			t.Errorf("Ack called %d times, Nack %d; want 4 and 2 (retried once each, then given up)", ackCalls, nackCalls)
+		}
+		if got, want := log.get(), []string{"a1#1", "b1#1", "b1#2"}; !slices.Equal(got, want) {
+			t.Errorf("handler ran %v, want %v", got, want)
+		}
+		st := s.Stats()
+		if st.Suppressed.Load() != 1 || st.SettleFailures.Load() != 2 || st.SettleRetries.Load() != 2 {
+			t.Errorf("suppressed %d, settlements given up %d, retries %d; want 1, 2, 2",
+				st.Suppressed.Load(), st.SettleFailures.Load(), st.SettleRetries.Load())
+		}
+		t.Logf("injected failures %d (failed/calls:%s); handler runs %v; retries %d; given up %d; suppressed %d",
+			net.total(), net, log.get(), st.SettleRetries.Load(), st.SettleFailures.Load(), st.Suppressed.Load())
+	})
+}
