@@ -88,6 +88,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -165,6 +166,8 @@ type TopicOptions struct {
 	// (batching delay, count, flow control). Defaults to
 	// gpubsub.DefaultPublishSettings.
 	PublishSettings *gpubsub.PublishSettings
+	// Logger receives the driver's diagnostics. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // SubscriptionOptions configure a subscription driver, and a subscription
@@ -187,6 +190,10 @@ type SubscriptionOptions struct {
 	// message to <subscription>-dead. Used at creation. Defaults to
 	// MaxDeliveryAttemptsDefault.
 	MaxDeliveryAttempts int
+	// Logger receives what the driver cannot return as an error (an
+	// attribute it cannot parse, a dead letter it could not hand back
+	// after listing). Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
@@ -208,6 +215,9 @@ func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
 		out.MaxDeliveryAttempts = MaxDeliveryAttemptsDefault
 	}
 	out.MaxDeliveryAttempts = min(max(out.MaxDeliveryAttempts, 5), 100)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
 	return out
 }
 
@@ -351,7 +361,10 @@ func errorCode(err error) keyorder.ErrorCode {
 
 // URLOpener opens pubsub:// URLs. Each URL opened gets its own client
 // (gpubsub.NewClient for the URL's project), closed with the driver.
-type URLOpener struct{}
+type URLOpener struct {
+	// Logger is given to the drivers opened. Defaults to slog.Default().
+	Logger *slog.Logger
+}
 
 func init() {
 	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
@@ -386,7 +399,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 		client.Close()
 		return nil, err
 	}
-	t, err := OpenTopic(ctx, client, topic, nil)
+	t, err := OpenTopic(ctx, client, topic, &TopicOptions{Logger: o.Logger})
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -456,7 +469,11 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, fmt.Errorf("pubsub: client for project %s: %w", project, err)
 	}
-	if err := CreateTopic(ctx, client, topic); err == nil {
+	opts.Logger = o.Logger
+	// A creation failure is returned as it is: opening the subscription
+	// after it would only report a misleading NotFound.
+	err = CreateTopic(ctx, client, topic)
+	if err == nil {
 		err = CreateSubscription(ctx, client, topic, sub, &opts)
 	}
 	if err != nil {

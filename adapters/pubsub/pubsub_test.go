@@ -3,12 +3,17 @@ package pubsub_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -280,5 +285,89 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 	again, err := sub.Receive(ctx, 10)
 	if err != nil || len(again) == 0 || again[0].ID != "a1" || again[0].Attempt != 2 {
 		t.Fatalf("after expiry Receive = %+v, %v; want a1 first with attempt 2", again, err)
+	}
+}
+
+// A subscription the URL opener fails to create reports why at Open, not a
+// NotFound from opening what was never created.
+func TestURLOpenerReturnsCreationError(t *testing.T) {
+	srv := pstest.NewServer(pstest.WithErrorInjection("CreateSubscription", codes.PermissionDenied, "caller lacks pubsub.subscriptions.create"))
+	t.Cleanup(func() { srv.Close() })
+	t.Setenv("PUBSUB_EMULATOR_HOST", srv.Addr)
+	ctx := context.Background()
+	drv, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply")
+	if err == nil {
+		drv.Close()
+		t.Fatal("Open succeeded although the subscription could not be created")
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Open = %v, want the creation's PermissionDenied", err)
+	}
+	if !strings.Contains(err.Error(), "create subscription") || !strings.Contains(err.Error(), "pubsub.subscriptions.create") {
+		t.Fatalf("Open = %v, want the creation failure named", err)
+	}
+}
+
+// logRecorder is a slog.Handler keeping the messages it is given.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecorder) contains(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.msgs {
+		if strings.Contains(m, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// What the driver cannot return it logs on the injected logger: here a
+// not-before attribute that does not parse (a message not published by
+// keyorder), delivered without a delay.
+func TestSubscriptionLogsOnInjectedLogger(t *testing.T) {
+	pstestEnv(t)
+	client := pstestClientFromEnv(t)
+	ctx := context.Background()
+	topicID, subID := uniqueID("t"), uniqueID("s")
+	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
+		t.Fatal(err)
+	}
+	var rec logRecorder
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Logger: slog.New(&rec)}
+	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := pubsub.OpenSubscription(ctx, client, subID, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	pub := client.Publisher(topicID)
+	defer pub.Stop()
+	if _, err := pub.Publish(ctx, &gpubsub.Message{Data: []byte("x"), Attributes: map[string]string{pubsub.AttrNotBefore: "tomorrow"}}).Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ms, err := sub.Receive(rctx, 1)
+	if err != nil || len(ms) != 1 || !ms[0].NotBefore.IsZero() {
+		t.Fatalf("Receive = %v, %v; want the message without a not-before time", ms, err)
+	}
+	if !rec.contains("not-before") {
+		t.Fatalf("logged %v; want the unparsable not-before attribute reported", rec.msgs)
 	}
 }

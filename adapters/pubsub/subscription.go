@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -31,6 +32,7 @@ type Subscription struct {
 	lease     time.Duration
 	maxBatch  int
 	ownClient bool
+	log       *slog.Logger
 
 	mu       sync.Mutex
 	closed   bool
@@ -77,6 +79,7 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 		ordering:  o.Ordering,
 		lease:     time.Duration(sub.AckDeadlineSeconds) * time.Second,
 		maxBatch:  o.MaxBatch,
+		log:       o.Logger,
 	}, nil
 }
 
@@ -161,15 +164,17 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 
 func (s *Subscription) fromPubSub(rm *pubsubpb.ReceivedMessage, sent time.Time) *adapters.Message {
 	pm := rm.GetMessage()
-	m := fromMessage(pm)
+	m := s.fromMessage(pm)
 	m.AckID = &delivery{ackID: rm.AckId, deadline: sent.Add(s.lease)}
 	m.Attempt = max(int(rm.DeliveryAttempt), 1)
 	return m
 }
 
 // fromMessage converts a Pub/Sub message: the ordering key becomes Key, the
-// driver's attributes become ID and NotBefore, the rest Headers.
-func fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
+// driver's attributes become ID and NotBefore, the rest Headers. A
+// not-before attribute that does not parse (not written by keyorder) is
+// logged and ignored: the message is delivered without a delay.
+func (s *Subscription) fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
 	m := &adapters.Message{
 		ID:          pm.GetMessageId(),
 		Key:         pm.GetOrderingKey(),
@@ -184,6 +189,9 @@ func fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
 		case AttrNotBefore:
 			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 				m.NotBefore = t
+			} else {
+				s.log.Warn("keyorder pubsub: ignoring an unparsable not-before attribute; delivering without delay",
+					"subscription", s.name, "id", m.ID, "attribute", AttrNotBefore, "err", err)
 			}
 			continue
 		}
@@ -430,7 +438,14 @@ func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessag
 	return all, nil
 }
 
-func (s *Subscription) releaseDead(rms []*pubsubpb.ReceivedMessage) error {
+// releaseDead hands pulled dead letters back to the dead-letter
+// subscription. Its callers have their answer already, so a failure is
+// logged: the letters stay invisible to listings until their ack deadline
+// passes.
+func (s *Subscription) releaseDead(rms []*pubsubpb.ReceivedMessage) {
+	if len(rms) == 0 {
+		return
+	}
 	var ids []string
 	for _, rm := range rms {
 		ids = append(ids, rm.AckId)
@@ -441,15 +456,16 @@ func (s *Subscription) releaseDead(rms []*pubsubpb.ReceivedMessage) error {
 		if err := s.client.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pubsubpb.ModifyAckDeadlineRequest{
 			Subscription: s.deadSub, AckIds: c, AckDeadlineSeconds: 0,
 		}); err != nil {
-			return err
+			s.log.Warn("keyorder pubsub: handing listed dead letters back failed; they are hidden from listings until their ack deadline passes",
+				"subscription", s.deadSub, "count", len(ids), "err", err)
+			return
 		}
 	}
-	return nil
 }
 
-func deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
+func (s *Subscription) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
 	pm := rm.GetMessage()
-	m := fromMessage(pm)
+	m := s.fromMessage(pm)
 	dl := adapters.DeadLetter{DeadAt: m.PublishTime}
 	for _, k := range []string{AttrReason, AttrAttempts, AttrDeadAt} {
 		v, ok := m.Headers[k]
@@ -461,7 +477,12 @@ func deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
 		case AttrReason:
 			dl.Reason = v
 		case AttrAttempts:
-			dl.Attempts, _ = strconv.Atoi(v)
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				s.log.Warn("keyorder pubsub: unparsable attempts attribute on a dead letter",
+					"subscription", s.deadSub, "id", m.ID, "attribute", AttrAttempts, "err", err)
+			}
+			dl.Attempts = n
 		case AttrDeadAt:
 			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 				dl.DeadAt = t
@@ -494,7 +515,7 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 		if limit > 0 && len(out) >= limit {
 			break
 		}
-		out = append(out, deadLetterOf(rm))
+		out = append(out, s.deadLetterOf(rm))
 	}
 	return out, nil
 }
@@ -518,7 +539,7 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	}
 	n := 0
 	for i, rm := range rms {
-		dl := deadLetterOf(rm)
+		dl := s.deadLetterOf(rm)
 		if !slices.Contains(ids, dl.Message.ID) {
 			rest = append(rest, rm)
 			continue

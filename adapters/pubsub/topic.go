@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ type Topic struct {
 	client    *gpubsub.Client
 	pub       *gpubsub.Publisher
 	ownClient bool
+	log       *slog.Logger
 }
 
 var _ adapters.Topic = (*Topic)(nil)
@@ -36,7 +38,11 @@ func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts
 		pub.PublishSettings = *opts.PublishSettings
 	}
 	pub.EnableMessageOrdering = true
-	return &Topic{client: client, pub: pub}, nil
+	log := slog.Default()
+	if opts != nil && opts.Logger != nil {
+		log = opts.Logger
+	}
+	return &Topic{client: client, pub: pub, log: log}, nil
 }
 
 // toPubSub converts a driver message, carrying the key natively and the ID
@@ -93,6 +99,7 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 				first = err
 			}
 			if k := msgs[i].OrderingKey; k != "" {
+				t.log.Debug("keyorder pubsub: publish failed; resuming the key in the client library", "key", k, "err", err)
 				defer t.pub.ResumePublish(k)
 			}
 		}
