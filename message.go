@@ -31,7 +31,10 @@ type Delivery struct {
 	// ("" for a keyless message) and is also in Headers[HeaderPartitionKey].
 	Message
 	// Attempt is 1 on the first delivery and grows with each retry or lost
-	// lease.
+	// lease. Where retries run in process (Pub/Sub), a process that dies
+	// takes its count with it: the broker's redelivery counts only
+	// deliveries, so across a crash a message can run more than MaxAttempts
+	// times in total.
 	Attempt int
 	// PublishTime is when the broker accepted the message, when known.
 	PublishTime time.Time

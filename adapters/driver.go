@@ -54,7 +54,11 @@ type Message struct {
 	// AckID identifies this delivery to the driver (set by Receive).
 	AckID any
 	// Attempt is the broker's delivery count, 1 on the first delivery (set by
-	// Receive; 0 when the broker does not count).
+	// Receive; 0 when the broker does not count). It counts what the broker
+	// knows: on a broker without Capabilities.NativeHold the retries the
+	// portable layer runs in process are not deliveries, so after a crash
+	// the redelivery's count restarts from the broker's (see the pubsub
+	// package, "Attempts the service does not know").
 	Attempt int
 	// PublishTime is when the broker accepted the message (set by Receive
 	// when known).

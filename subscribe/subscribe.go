@@ -30,6 +30,16 @@
 // messages whose ID this process acknowledged recently are acknowledged
 // again without running the handler.
 //
+// Attempts are counted per message from the broker's delivery count
+// (adapters.Message.Attempt) plus, where the process holds groups, the
+// retries run in process. A broker without native hold never hears of
+// those retries, so a process that dies takes them with it: the
+// redelivery's count restarts from the broker's, and across a crash a
+// message can run more than MaxAttempts times in total (on Pub/Sub the
+// subscription's max delivery attempts bounds the deliveries; see the
+// pubsub package). Where the broker holds groups (PostgreSQL, SQS) every
+// retry goes through the broker and the count survives a crash.
+//
 // # Settlement under a flaky network
 //
 // Settling a message (Ack, Nack, Release, DeadLetter) and renewing leases

@@ -82,6 +82,22 @@
 // The subscription <subscription>-dead-sub keeps those dead letters where
 // DeadLetters lists them and Redrive republishes them on the topic, with
 // their ordering key, after everything published meanwhile.
+//
+// # Attempts the service does not know
+//
+// A retry runs in process (the message stays leased in its lane), so
+// Pub/Sub never hears of it: its delivery attempt counts deliveries, not
+// handler runs. If the process dies after running a message k times, the
+// redelivery arrives with the service's count (2), not k+1, and the
+// subscriber starts counting from there: across a crash a message can run
+// more than the subscriber's MaxAttempts times in total (up to MaxAttempts
+// per delivery; the subscription's maxdeliveryattempts still bounds the
+// deliveries). The process cannot carry its count to the redelivery:
+// Pub/Sub redelivers the message as published (attributes cannot be
+// modified on redelivery), and republishing it with a count would put it
+// behind its key's later messages. Handlers that must not run more than a
+// fixed number of times in total keep their own count keyed by the
+// message ID.
 package pubsub
 
 import (
