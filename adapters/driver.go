@@ -124,6 +124,12 @@ type Capabilities struct {
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Zero means 1.
 	MaxBatch int
+	// Retry is the retry policy stored with the subscription, for backends
+	// that keep one (PostgreSQL); nil when the broker stores none. A zero
+	// field means the subscription does not say. The portable layer runs the
+	// subscription's settings and fills only what it leaves unsaid from the
+	// consumer's configuration (see subscribe.Config.Retry).
+	Retry *policy.Retry
 }
 
 // Subscription is the consuming side of a driver.

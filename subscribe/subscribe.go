@@ -95,8 +95,15 @@ type Config struct {
 	Workers int
 	// Assign decides how keys map onto workers. Defaults to lanes.ByKey.
 	Assign lanes.Assignment
-	// Retry is the attempt budget and backoff. MaxAttempts defaults to
-	// policy.MaxAttemptsDefault.
+	// Retry is the attempt budget and backoff. The retry policy is a
+	// property of the subscription, like its ordering: where the backend
+	// stores one with the subscription (adapters.Capabilities.Retry;
+	// PostgreSQL's max_attempts, min_backoff, max_backoff), the stored
+	// settings run, and Retry fills only the fields the subscription leaves
+	// zero. A Retry field that disagrees with the subscription is overridden
+	// and the disagreement logged, so every consumer of a subscription
+	// retries alike. NoJitter always comes from here. Fields still zero take
+	// the policy package's defaults (MaxAttempts policy.MaxAttemptsDefault).
 	Retry policy.Retry
 	// MaxOutstanding bounds the messages received and not yet finished.
 	// Messages waiting in process on a time (a retry or a not-before time)
@@ -261,8 +268,19 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	caps := drv.Capabilities()
+	if caps.Retry != nil {
+		var asked policy.Retry
+		if cfg != nil {
+			asked = cfg.Retry
+		}
+		c.Retry = subscriptionRetry(*caps.Retry, asked, c.Logger)
+		if err := c.Retry.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: the subscription's retry settings with subscribe.Config.Retry: %v", keyorder.ErrInvalidConfig, err)
+		}
+	}
 	s := &Subscriber{
-		drv: drv, cfg: c, caps: drv.Capabilities(),
+		drv: drv, cfg: c, caps: caps,
 		shutdown:    make(chan struct{}),
 		done:        make(chan struct{}),
 		tokens:      make(chan struct{}, c.MaxOutstanding),
@@ -277,6 +295,32 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
 	return s, nil
 }
+
+// subscriptionRetry returns the retry policy a subscriber runs: the
+// subscription's stored settings, its zero fields filled from the
+// consumer's, then the defaults. A consumer setting that disagrees with the
+// subscription is logged and not used.
+func subscriptionRetry(stored, asked policy.Retry, log *slog.Logger) policy.Retry {
+	r := stored
+	fill := func(name string, s *int64, a int64) {
+		switch {
+		case *s == 0:
+			*s = a
+		case a != 0 && a != *s:
+			log.Warn("keyorder: subscribe.Config.Retry disagrees with the subscription's stored retry settings; the subscription's run",
+				"field", name, "subscription", *s, "config", a)
+		}
+	}
+	ma, mn, mx := int64(r.MaxAttempts), int64(r.MinBackoff), int64(r.MaxBackoff)
+	fill("MaxAttempts", &ma, int64(asked.MaxAttempts))
+	fill("MinBackoff", &mn, int64(asked.MinBackoff))
+	fill("MaxBackoff", &mx, int64(asked.MaxBackoff))
+	r = policy.Retry{MaxAttempts: int(ma), MinBackoff: time.Duration(mn), MaxBackoff: time.Duration(mx), NoJitter: asked.NoJitter}
+	return r.WithDefaults()
+}
+
+// Retry returns the retry policy the subscriber runs (see Config.Retry).
+func (s *Subscriber) Retry() policy.Retry { return s.cfg.Retry }
 
 // Stats returns the subscriber's counters.
 func (s *Subscriber) Stats() *Stats { return &s.stats }

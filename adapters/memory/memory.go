@@ -99,6 +99,10 @@ type SubscriptionConfig struct {
 	// Chain is how many consecutive messages of one key a Native receive may
 	// return together. Defaults to 1.
 	Chain int
+	// Retry, when set, is a retry policy stored with the subscription, as
+	// PostgreSQL stores one; subscribers run it (adapters.Capabilities.Retry).
+	// Defaults to nil: the subscription stores none.
+	Retry *policy.Retry
 }
 
 func (c *SubscriptionConfig) withDefaults() SubscriptionConfig {
@@ -114,6 +118,10 @@ func (c *SubscriptionConfig) withDefaults() SubscriptionConfig {
 	}
 	if out.Chain <= 0 {
 		out.Chain = 1
+	}
+	if out.Retry != nil {
+		r := *out.Retry
+		out.Retry = &r
 	}
 	return out
 }
@@ -425,6 +433,7 @@ func (d *Subscription) Capabilities() adapters.Capabilities {
 		NativeHold:    d.s.cfg.Hold == Native,
 		LeaseDuration: d.s.cfg.LeaseDuration,
 		MaxBatch:      d.s.cfg.MaxBatch,
+		Retry:         d.s.cfg.Retry,
 	}
 }
 

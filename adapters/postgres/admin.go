@@ -118,7 +118,7 @@ func (s *store) createSubscription(ctx context.Context, topic, name string, opts
 	if err != nil {
 		return nil, err
 	}
-	if *info.opts != *o {
+	if info.opts.conflicts(o) {
 		return info, fmt.Errorf("%w: postgres: subscription %q of %q exists with %+v, not %+v", keyorder.ErrInvalidConfig, name, topic, *info.opts, *o)
 	}
 	return info, nil

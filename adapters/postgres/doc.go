@@ -92,4 +92,15 @@
 // Receive of its own process at once (no NOTIFY: other processes find the
 // key on their next claim or poll). The listening connection reconnects with
 // backoff when it is lost.
+//
+// # Retry settings
+//
+// A subscription's retry settings (max_attempts, min_backoff, max_backoff)
+// are stored with it, like its ordering, and are the ones every consumer
+// runs: the driver reports them in adapters.Capabilities.Retry and the
+// subscribe package uses them over its Config.Retry, which fills only the
+// settings the subscription leaves zero (not said). A consumer asking for a
+// different value is overridden and the disagreement logged; reopening the
+// subscription with Create and a different non-zero setting fails with
+// keyorder.ErrInvalidConfig.
 package postgres

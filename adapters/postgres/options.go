@@ -89,8 +89,13 @@ type SubscriptionOptions struct {
 	// (the zero value).
 	Ordering policy.Ordering
 	// MaxAttempts, MinBackoff and MaxBackoff are the retry settings kept
-	// with the subscription for every consumer to use; zero values take the
-	// policy package's defaults.
+	// with the subscription; every consumer runs them (the driver reports
+	// them in adapters.Capabilities.Retry and they override the consumer's
+	// subscribe.Config.Retry). A zero value is stored as zero and means the
+	// subscription does not say: the consumer's Config.Retry, then the
+	// policy package's default, decides. (Subscriptions created before this
+	// rule stored the defaults 10, 100ms and 1m explicitly; those now run as
+	// stated.)
 	MaxAttempts int
 	MinBackoff  time.Duration
 	MaxBackoff  time.Duration
@@ -135,13 +140,26 @@ func (o *Options) validate() error {
 	return o.Subscription.validate()
 }
 
-// WithDefaults returns a copy of s with zero fields set to their defaults.
+// WithDefaults returns a copy of s (the zero options for nil). The retry
+// fields keep their zero values: zero is what the subscription stores for
+// "not said" (see MaxAttempts).
 func (s *SubscriptionOptions) WithDefaults() *SubscriptionOptions {
 	if s == nil {
-		s = &SubscriptionOptions{}
+		return &SubscriptionOptions{}
 	}
-	r := policy.Retry{MaxAttempts: s.MaxAttempts, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff}.WithDefaults()
-	return &SubscriptionOptions{Ordering: s.Ordering, MaxAttempts: r.MaxAttempts, MinBackoff: r.MinBackoff, MaxBackoff: r.MaxBackoff}
+	c := *s
+	return &c
+}
+
+// conflicts reports whether an existing subscription's settings (s)
+// disagree with those asked for: another ordering, or a retry setting
+// asked for (non-zero) that differs from the stored one.
+func (s *SubscriptionOptions) conflicts(asked *SubscriptionOptions) bool {
+	differs := func(stored, want int64) bool { return want != 0 && want != stored }
+	return s.Ordering != asked.Ordering ||
+		differs(int64(s.MaxAttempts), int64(asked.MaxAttempts)) ||
+		differs(int64(s.MinBackoff), int64(asked.MinBackoff)) ||
+		differs(int64(s.MaxBackoff), int64(asked.MaxBackoff))
 }
 
 func (s *SubscriptionOptions) validate() error {
@@ -154,7 +172,8 @@ func (s *SubscriptionOptions) validate() error {
 	return nil
 }
 
-// Retry returns the subscription's retry settings as a policy.Retry.
+// Retry returns the subscription's retry settings as a policy.Retry; zero
+// fields are those the subscription does not say.
 func (s *SubscriptionOptions) Retry() policy.Retry {
 	return policy.Retry{MaxAttempts: s.MaxAttempts, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff}
 }

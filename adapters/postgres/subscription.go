@@ -160,13 +160,15 @@ func (su *Subscription) Name() string { return su.info.name }
 func (su *Subscription) Settings() SubscriptionOptions { return *su.info.opts }
 
 // Capabilities describes the subscription: the database holds groups
-// itself (NativeHold).
+// itself (NativeHold), and the retry settings stored with the subscription
+// are the ones consumers run (Retry).
 func (su *Subscription) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{
 		Ordering:      su.info.opts.Ordering,
 		NativeHold:    true,
 		LeaseDuration: su.lease,
 		MaxBatch:      su.opts.MaxBatch,
+		Retry:         new(su.info.opts.Retry()),
 	}
 }
 
