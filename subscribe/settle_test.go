@@ -218,16 +218,17 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 
 // A settlement call is retried while the driver calls its error
 // retryable, and no further once it is not: the broker then redelivers the
-// message when its lease expires, and an acknowledged one is suppressed, not
-// run again. Nothing is lost and no handler runs twice.
+// message when its lease expires; an acknowledged one is acknowledged again
+// and a dead-lettered one dead-lettered again, neither run again. Nothing
+// is lost and no handler runs twice.
 func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
 		permanentErr := errors.New("access denied")
 		net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
-			// The first Ack and the first Nack: one transient failure,
+			// The first Ack, Nack and DeadLetter: one transient failure,
 			// then a permanent one.
-			if (op == memory.OpAck || op == memory.OpNack) && n <= 2 {
+			if (op == memory.OpAck || op == memory.OpNack || op == memory.OpDeadLetter) && n <= 2 {
 				if n == 1 {
 					return memory.Fault{Err: transient(op)}
 				}
@@ -241,8 +242,11 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 		var log startLog
 		s, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
 			log.add(fmt.Sprintf("%s#%d", d.ID, d.Attempt))
-			if d.ID == "b1" && d.Attempt == 1 {
+			switch {
+			case d.ID == "b1" && d.Attempt == 1:
 				return errors.New("fail once")
+			case d.ID == "c1":
+				return keyorder.Permanent(errors.New("account closed"))
 			}
 			return nil
 		})
@@ -251,25 +255,34 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 		w.publish(t, "a1", "A")
 		time.Sleep(20 * time.Second) // a1 settled (its redelivery too)
 		w.publish(t, "b1", "B")
+		time.Sleep(20 * time.Second)
+		w.publish(t, "c1", "C")
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
 		net.mu.Lock()
-		ackCalls, nackCalls := net.calls[memory.OpAck], net.calls[memory.OpNack]
+		ackCalls, nackCalls, dlCalls := net.calls[memory.OpAck], net.calls[memory.OpNack], net.calls[memory.OpDeadLetter]
 		net.mu.Unlock()
 		// a1: ack fails transiently, then permanently: 2 calls, given up;
 		// redelivered at lease expiry, suppressed, acknowledged (3rd call).
 		// b1: ack of its retry (4th). Nack: 2 calls, given up; b1
 		// redelivered at lease expiry as attempt 2.
-		if ackCalls != 4 || nackCalls != 2 {
-			t.Errorf("Ack called %d times, Nack %d; want 4 and 2 (retried once each, then given up)", ackCalls, nackCalls)
+		// c1: DeadLetter fails transiently, then permanently: 2 calls,
+		// given up; its redelivery is dead-lettered (3rd call) without
+		// running again.
+		if ackCalls != 4 || nackCalls != 2 || dlCalls != 3 {
+			t.Errorf("Ack called %d times, Nack %d, DeadLetter %d; want 4, 2 and 3 (retried once each, then given up)", ackCalls, nackCalls, dlCalls)
 		}
-		if got, want := log.get(), []string{"a1#1", "b1#1", "b1#2"}; !slices.Equal(got, want) {
+		if got, want := log.get(), []string{"a1#1", "b1#1", "b1#2", "c1#1"}; !slices.Equal(got, want) {
 			t.Errorf("handler ran %v, want %v", got, want)
 		}
+		dl, err := s.DeadLetters(context.Background(), 0)
+		if err != nil || len(dl) != 1 || dl[0].Message.ID != "c1" || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "account closed") {
+			t.Errorf("dead letters %+v, %v; want c1 with its reason after 1 attempt", dl, err)
+		}
 		st := s.Stats()
-		if st.Suppressed.Load() != 1 || st.SettleFailures.Load() != 2 || st.SettleRetries.Load() != 2 {
-			t.Errorf("suppressed %d, settlements given up %d, retries %d; want 1, 2, 2",
+		if st.Suppressed.Load() != 1 || st.SettleFailures.Load() != 3 || st.SettleRetries.Load() != 3 {
+			t.Errorf("suppressed %d, settlements given up %d, retries %d; want 1, 3, 3",
 				st.Suppressed.Load(), st.SettleFailures.Load(), st.SettleRetries.Load())
 		}
 		t.Logf("injected failures %d (failed/calls:%s); handler runs %v; retries %d; given up %d; suppressed %d",

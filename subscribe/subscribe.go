@@ -52,7 +52,9 @@
 // others. A settlement given up (a permanent error, or retries exhausted) is
 // logged and counted in Stats.SettleFailures and the message is left to the
 // broker, which redelivers it when its lease expires; a redelivered message
-// whose handler already succeeded is acknowledged without running again.
+// whose handler already succeeded is acknowledged without running again,
+// and one this process dead-lettered is dead-lettered again (with its
+// reason and attempts), also without running.
 package subscribe
 
 import (
@@ -194,7 +196,11 @@ type Subscriber struct {
 	parked map[string]int
 
 	acked *idSet
-	stats Stats
+	// undead remembers, per message ID, the dead letters whose DeadLetter
+	// call was given up, so a redelivery is dead-lettered again without
+	// running the handler.
+	undead *noteSet[deadNote]
+	stats  Stats
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
@@ -288,6 +294,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		outstanding: map[*item]struct{}{},
 		parked:      map[string]int{},
 		acked:       newIDSet(c.DedupeSize),
+		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
@@ -787,7 +794,7 @@ func (t *timeoutCtx) stop() {
 // on the item's lane, so the lane moves on to the key's next message only
 // after the broker has the settlement (or it was given up and the broker
 // will redeliver the message when its lease expires).
-func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
+func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
 	s.detach(it)
@@ -797,6 +804,7 @@ func (s *Subscriber) settle(it *item, call func(ctx context.Context) error) {
 		s.cfg.Logger.Warn("keyorder: settling message failed; the broker will redeliver it", "id", it.m.ID, "key", it.m.Key, "err", err)
 	}
 	s.forget(it)
+	return err
 }
 
 // handle runs one item on a lane and turns the handler's result into the
@@ -819,6 +827,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	if it.chain != nil && it.chain.broken.Load() {
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
+		return lanes.Done()
+	}
+	if dn, ok := s.undead.get(m.ID); ok {
+		// A redelivery of a message this process dead-lettered, whose
+		// DeadLetter call did not land: its fate is decided.
+		s.deadLetterAs(it, dn.reason, dn.attempts)
 		return lanes.Done()
 	}
 	if it.attempt > s.cfg.Retry.MaxAttempts {
@@ -892,7 +906,26 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 func (s *Subscriber) deadLetter(it *item, reason string) {
 	s.stats.DeadLettered.Add(1)
 	s.cfg.Logger.Warn("keyorder: message dead-lettered", "id", it.m.ID, "key", it.m.Key, "attempts", it.attempt, "reason", reason)
-	s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, it.attempt) })
+	s.deadLetterAs(it, reason, it.attempt)
+}
+
+// deadLetterAs hands it to the driver's DeadLetter. If that is given up,
+// the message's fate is remembered, so that its redelivery is
+// dead-lettered again rather than run.
+func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
+	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
+	if err != nil {
+		s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts})
+	} else {
+		s.undead.remove(it.m.ID)
+	}
+}
+
+// deadNote is a dead letter's reason and attempts, kept for its
+// redelivery.
+type deadNote struct {
+	reason   string
+	attempts int
 }
 
 // call runs the handler, turning a panic into an error.
@@ -1034,6 +1067,48 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 		return 0, fmt.Errorf("redrive: %w", keyorder.ErrUnsupported)
 	}
 	return st.Redrive(ctx, ids)
+}
+
+// noteSet remembers a value for each of the last n IDs put.
+type noteSet[V any] struct {
+	mu   sync.Mutex
+	ring []string
+	next int
+	m    map[string]V
+}
+
+func newNoteSet[V any](n int) *noteSet[V] {
+	return &noteSet[V]{ring: make([]string, max(n, 0)), m: map[string]V{}}
+}
+
+func (s *noteSet[V]) put(id string, v V) {
+	if len(s.ring) == 0 || id == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[id]; !ok {
+		if old := s.ring[s.next]; old != "" {
+			delete(s.m, old)
+		}
+		s.ring[s.next] = id
+		s.next = (s.next + 1) % len(s.ring)
+	}
+	s.m[id] = v
+}
+
+func (s *noteSet[V]) get(id string) (V, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[id]
+	return v, ok
+}
+
+// remove forgets id's value; its ring slot is reused in turn.
+func (s *noteSet[V]) remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
 }
 
 // idSet remembers the last n IDs added.
