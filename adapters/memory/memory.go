@@ -46,6 +46,9 @@
 // calls fail on demand, transiently (errors wrapping Transient, which
 // IsRetryable reports true) or permanently, before or after taking effect,
 // so the portable layer's retries can be tested without a network.
+// Subscription.Crash makes one consumer die: its leases expire without
+// settlement. Package keyordertest builds its user-facing fault injection
+// on these hooks.
 package memory
 
 import (
@@ -55,6 +58,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyorder/keyorder"
@@ -280,7 +284,7 @@ func (b *Broker) OpenSubscription(name string) (*Subscription, error) {
 	if !ok {
 		return nil, fmt.Errorf("memory: subscription %q: %w", name, errNotFound)
 	}
-	return &Subscription{s: s, consumer: s.newConsumer()}, nil
+	return &Subscription{s: s, consumer: s.newConsumer(), crash: make(chan struct{})}, nil
 }
 
 // Topic is the adapters.Topic driver of a memory topic.
@@ -356,6 +360,10 @@ type Subscription struct {
 	s        *subscription
 	consumer int
 	closed   bool
+
+	crashed   atomic.Bool
+	crash     chan struct{} // closed by Crash
+	crashOnce sync.Once
 }
 
 var (
@@ -365,11 +373,36 @@ var (
 
 // Receive waits for deliverable messages.
 func (d *Subscription) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
-	return d.s.receive(ctx, d.consumer, max)
+	if d.crashed.Load() {
+		return nil, ErrCrashed
+	}
+	return d.s.receive(ctx, d.consumer, max, d.crash)
+}
+
+// ErrCrashed is returned by every call of a consumer after Crash. It is
+// permanent (IsRetryable reports false).
+var ErrCrashed = errors.New("memory: consumer crashed (fault injection)")
+
+// Crash makes this consumer behave as a process that died: from now on
+// every call fails with ErrCrashed without reaching the broker (a Receive
+// under way returns it at once), so nothing it holds is acknowledged,
+// returned or extended, and its leases expire after the subscription's
+// lease duration, each counting an attempt, as a dead process's would. A
+// consumer opened afterwards with Broker.OpenSubscription plays the
+// restarted process. It is a fault-injection hook for tests of lost
+// consumers.
+func (d *Subscription) Crash() {
+	d.crashOnce.Do(func() {
+		d.crashed.Store(true)
+		close(d.crash)
+	})
 }
 
 // inject runs a settlement call through the subscription's fault hook.
 func (d *Subscription) inject(op SettleOp, ms []*adapters.Message, call func() error) error {
+	if d.crashed.Load() {
+		return ErrCrashed
+	}
 	fn := d.s.faults.Load()
 	if fn == nil {
 		return call()

@@ -185,3 +185,43 @@ func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
 		t.Fatalf("got %v", ids(last))
 	}
 }
+
+// A crashed consumer reaches the broker no more: a Receive under way
+// returns ErrCrashed, its settlements fail without effect, and its lease
+// expires as a dead process's would, counting an attempt, so another
+// consumer gets the message again.
+func TestCrashedConsumerLeasesExpire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memory.NewBroker()
+		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second})
+		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"})
+		ctx := context.Background()
+		c1, _ := b.OpenSubscription("s")
+		got, _ := c1.Receive(ctx, 1)
+		if !slices.Equal(ids(got), []string{"a1"}) {
+			t.Fatalf("c1 got %v", ids(got))
+		}
+		waiting := make(chan error, 1)
+		go func() { _, err := c1.Receive(ctx, 1); waiting <- err }()
+		synctest.Wait()
+		c1.Crash()
+		if err := <-waiting; !errors.Is(err, memory.ErrCrashed) {
+			t.Fatalf("Receive under way returned %v, want ErrCrashed", err)
+		}
+		if err := c1.Ack(ctx, got); !errors.Is(err, memory.ErrCrashed) || c1.IsRetryable(err) {
+			t.Fatalf("Ack after Crash returned %v (retryable %v), want permanent ErrCrashed", err, c1.IsRetryable(err))
+		}
+		c2, _ := b.OpenSubscription("s")
+		time.Sleep(9 * time.Second)
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		early, _ := c2.Receive(rctx, 1)
+		cancel()
+		if len(early) != 0 {
+			t.Fatalf("c2 got %v before a1's lease expired", ids(early))
+		}
+		again, err := c2.Receive(ctx, 1)
+		if err != nil || !slices.Equal(ids(again), []string{"a1"}) || again[0].Attempt != 2 {
+			t.Fatalf("after the lease expired c2 got %v (%v); want a1 at attempt 2", ids(again), err)
+		}
+	})
+}

@@ -133,7 +133,9 @@ func (s *subscription) add(e *entry) {
 	}
 }
 
-func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapters.Message, error) {
+// receive waits for deliverable messages; it returns ErrCrashed once crash
+// is closed.
+func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-chan struct{}) ([]*adapters.Message, error) {
 	if max <= 0 || max > s.cfg.MaxBatch {
 		max = s.cfg.MaxBatch
 	}
@@ -160,6 +162,12 @@ func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapt
 			s.waiters--
 			waiting = false
 		}
+		select {
+		case <-crash:
+			s.mu.Unlock()
+			return nil, ErrCrashed
+		default:
+		}
 		now := time.Now()
 		s.expire(now)
 		out := s.take(consumer, max, now)
@@ -185,6 +193,8 @@ func (s *subscription) receive(ctx context.Context, consumer, max int) ([]*adapt
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-crash:
+			return nil, ErrCrashed
 		case <-ch:
 		case <-tc:
 		}

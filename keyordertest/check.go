@@ -1,0 +1,380 @@
+package keyordertest
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Rule names a property the checker verifies.
+type Rule string
+
+// The rules. Which apply depends on Spec.Ordering.
+const (
+	// RuleOverlap (Exclusive, Ordered): two handlings of one key never run
+	// at the same time.
+	RuleOverlap Rule = "overlap"
+	// RuleFirstOrder (Ordered): a key's messages are first handled in the
+	// order they were published.
+	RuleFirstOrder Rule = "first-handling order"
+	// RuleHeadOfLine (Ordered): no message of a key is handled while a
+	// message published before it on that key is unresolved (neither
+	// acknowledged nor dead-lettered).
+	RuleHeadOfLine Rule = "head of line"
+	// RuleResolved (every policy): every published message is resolved:
+	// acknowledged or dead-lettered.
+	RuleResolved Rule = "resolved"
+	// RuleDuplicate (with Spec.ForbidDuplicates): no message is handled
+	// again after it was resolved.
+	RuleDuplicate Rule = "duplicate"
+	// RuleUnknown (every policy, when publishes were recorded): every
+	// handled message was published in this run.
+	RuleUnknown Rule = "unknown message"
+)
+
+// Spec says what a history must satisfy.
+type Spec struct {
+	// Ordering is the subscription's policy. Parallel checks resolution
+	// only; Exclusive adds no overlap per key; Ordered adds the order rules.
+	Ordering policy.Ordering
+	// DeadLettered lists the IDs of messages known to be dead-lettered
+	// without a handling that says so: the subscriber dead-letters a
+	// message whose attempts were used up by lost leases without calling
+	// the handler. Read them from the driver's dead-letter store
+	// (adapters.DeadLetterStore). They count as resolved.
+	DeadLettered []string
+	// Unfinished skips RuleResolved, for a run stopped before every message
+	// could be handled.
+	Unfinished bool
+	// ForbidDuplicates makes a handling after a message was resolved a
+	// violation (RuleDuplicate). By default duplicates are allowed, as
+	// delivery is at least once, and only counted in Report.Duplicates.
+	ForbidDuplicates bool
+}
+
+// Violation is one broken rule.
+type Violation struct {
+	// Rule is the rule broken.
+	Rule Rule
+	// Key is the ordering key concerned ("" for a keyless message).
+	Key string
+	// IDs are the messages involved, the offending one first.
+	IDs []string
+	// Seq is where in the recorded history the rule broke (a Handling's
+	// StartSeq or EndSeq; after every event for RuleResolved).
+	Seq uint64
+	// Explanation says in words what happened, and when.
+	Explanation string
+}
+
+// Error returns the explanation.
+func (v Violation) Error() string { return fmt.Sprintf("%s: %s", v.Rule, v.Explanation) }
+
+// Report is the checker's account of a history.
+type Report struct {
+	// Ordering is the policy the history was checked against.
+	Ordering policy.Ordering
+	// Messages is the number of published messages; Handlings the number
+	// of handler calls.
+	Messages, Handlings int
+	// Outcomes counts handlings by outcome.
+	Outcomes map[Outcome]int
+	// Duplicates counts, per message ID, the handlings that began after
+	// the message was resolved.
+	Duplicates map[string]int
+	// Violations lists every broken rule, in the order they happened in
+	// the history (the first first).
+	Violations []Violation
+
+	hist History
+	t0   time.Time
+}
+
+// ErrViolation is matched (errors.Is) by the error Verify returns when a
+// history breaks a rule.
+var ErrViolation = errors.New("keyordertest: history breaks the ordering guarantee")
+
+// ViolationError is the error Verify returns; it matches ErrViolation.
+type ViolationError struct {
+	// First is the earliest violation; Count is how many there are.
+	First Violation
+	Count int
+}
+
+// Error explains the first violation.
+func (e *ViolationError) Error() string {
+	more := ""
+	if e.Count > 1 {
+		more = fmt.Sprintf(" (and %d more)", e.Count-1)
+	}
+	return fmt.Sprintf("keyordertest: %s rule broken%s: %s", e.First.Rule, more, e.First.Explanation)
+}
+
+// Is reports whether target is ErrViolation.
+func (e *ViolationError) Is(target error) bool { return target == ErrViolation }
+
+// Err returns nil when the history keeps every rule, else a
+// *ViolationError explaining the first violation.
+func (r *Report) Err() error {
+	if len(r.Violations) == 0 {
+		return nil
+	}
+	return &ViolationError{First: r.Violations[0], Count: len(r.Violations)}
+}
+
+// Timeline returns the handlings of key, one a line, with their times
+// relative to the first recorded handling: what to read when a rule broke.
+func (r *Report) Timeline(key string) string {
+	var b strings.Builder
+	for _, h := range r.hist.Handlings {
+		if h.Key != key {
+			continue
+		}
+		end := "still running"
+		if h.EndSeq != 0 {
+			end = "ended " + r.at(h.End)
+		}
+		fmt.Fprintf(&b, "  #%d %s attempt %d: started %s, %s: %s", h.StartSeq, h.Label, h.Attempt, r.at(h.Start), end, h.Outcome)
+		if h.Err != nil {
+			fmt.Fprintf(&b, " (%v)", h.Err)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func (r *Report) at(t time.Time) string { return "at +" + t.Sub(r.t0).String() }
+
+// Check verifies the Recorder's history against spec and reports the first
+// violation with t.Error, with the offending key's timeline. It returns the
+// report either way.
+func Check(t testing.TB, rec *Recorder, spec Spec) *Report {
+	t.Helper()
+	rep, err := Verify(rec.History(), spec)
+	if err != nil {
+		var ve *ViolationError
+		msg := err.Error()
+		if errors.As(err, &ve) {
+			msg += "\nhandlings of key " + fmt.Sprintf("%q", ve.First.Key) + ":\n" + rep.Timeline(ve.First.Key)
+		}
+		t.Error(msg)
+	}
+	return rep
+}
+
+// msgState is what the checker knows of one message.
+type msgState struct {
+	p        Published
+	index    int // publish position within its key
+	first    *Handling
+	resolved *Handling // first resolving handling
+	dead     bool      // in Spec.DeadLettered
+	count    int
+}
+
+// Verify checks a history against spec. It returns the report and, when a
+// rule is broken, a *ViolationError (matching ErrViolation) that explains
+// the first violation in words: which key, which messages, what happened
+// and when. Handlings recorded as Abandoned (their context was cancelled
+// because the lease was lost or the subscriber stopped) decide nothing and
+// are not held against the overlap and order rules: the library cancels a
+// handler whose lease is lost, and a handler that keeps running after that
+// may overlap the redelivery.
+func Verify(h History, spec Spec) (*Report, error) {
+	rep := &Report{
+		Ordering:   spec.Ordering,
+		Messages:   len(h.Published),
+		Handlings:  len(h.Handlings),
+		Outcomes:   map[Outcome]int{},
+		Duplicates: map[string]int{},
+		hist:       h,
+	}
+	hs := h.Handlings
+	slices.SortStableFunc(hs, func(a, b Handling) int { return cmp.Compare(a.StartSeq, b.StartSeq) })
+	if len(hs) > 0 {
+		rep.t0 = hs[0].Start
+	}
+	var maxSeq uint64
+	for _, x := range hs {
+		maxSeq = max(maxSeq, x.StartSeq, x.EndSeq)
+	}
+	dead := map[string]bool{}
+	for _, id := range spec.DeadLettered {
+		dead[id] = true
+	}
+	msgs := map[string]*msgState{}
+	byKey := map[string][]*msgState{}
+	for _, p := range h.Published {
+		if _, dup := msgs[p.ID]; dup {
+			continue
+		}
+		st := &msgState{p: p, index: len(byKey[p.Key]), dead: dead[p.ID]}
+		msgs[p.ID] = st
+		byKey[p.Key] = append(byKey[p.Key], st)
+	}
+	checkUnknown := len(h.Published) > 0
+	v := func(rule Rule, key string, seq uint64, ids []string, format string, args ...any) {
+		rep.Violations = append(rep.Violations, Violation{Rule: rule, Key: key, IDs: ids, Seq: seq, Explanation: fmt.Sprintf(format, args...)})
+	}
+	name := func(x *Handling) string { return fmt.Sprintf("%s (ID %s)", x.Label, x.ID) }
+	pname := func(p Published) string { return fmt.Sprintf("%s (ID %s)", p.Label, p.ID) }
+
+	// Per message: first handling, first resolution, duplicates, unknowns.
+	for i := range hs {
+		x := &hs[i]
+		rep.Outcomes[x.Outcome]++
+		st := msgs[x.ID]
+		if st == nil {
+			if checkUnknown {
+				v(RuleUnknown, x.Key, x.StartSeq, []string{x.ID},
+					"key %q: message %s was handled %s (attempt %d) but was never published in this run",
+					x.Key, name(x), rep.at(x.Start), x.Attempt)
+			}
+			st = &msgState{p: Published{Key: x.Key, ID: x.ID, Label: x.Label}, index: -1}
+			msgs[x.ID] = st
+		}
+		st.count++
+		if st.first == nil {
+			st.first = x
+		}
+		if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
+			rep.Duplicates[x.ID]++
+			if spec.ForbidDuplicates {
+				v(RuleDuplicate, x.Key, x.StartSeq, []string{x.ID},
+					"key %q: message %s was handled again %s (attempt %d) after it was resolved %s (%s)",
+					x.Key, name(x), rep.at(x.Start), x.Attempt, rep.at(st.resolved.End), st.resolved.Outcome)
+			}
+			continue
+		}
+		if st.resolved == nil && x.Outcome.Resolves() {
+			st.resolved = x
+		}
+	}
+
+	ordered := spec.Ordering == policy.Ordered
+	exclusive := ordered || spec.Ordering == policy.Exclusive
+
+	// Overlap: per key, a handling starts while another of its key runs.
+	if exclusive {
+		running := map[string][]*Handling{}
+		for i := range hs {
+			x := &hs[i]
+			if x.Key == "" || x.Outcome == Abandoned {
+				continue
+			}
+			live := running[x.Key][:0:0]
+			for _, o := range running[x.Key] {
+				if o.EndSeq == 0 || o.EndSeq > x.StartSeq {
+					live = append(live, o)
+				}
+			}
+			if len(live) > 0 {
+				o := live[0]
+				end := "had not returned"
+				if o.EndSeq != 0 {
+					end = "returned only " + rep.at(o.End)
+				}
+				v(RuleOverlap, x.Key, x.StartSeq, []string{x.ID, o.ID},
+					"key %q: message %s (attempt %d) started %s while message %s (attempt %d), started %s, was still being handled (it %s); under %v at most one message of a key is handled at a time",
+					x.Key, name(x), x.Attempt, rep.at(x.Start), name(o), o.Attempt, rep.at(o.Start), end, spec.Ordering)
+			}
+			running[x.Key] = append(live, x)
+		}
+	}
+
+	if ordered {
+		keyHs := map[string][]*Handling{}
+		for i := range hs {
+			keyHs[hs[i].Key] = append(keyHs[hs[i].Key], &hs[i])
+		}
+		keys := slices.Sorted(maps.Keys(byKey))
+		for _, key := range keys {
+			list := byKey[key]
+			if key == "" {
+				continue
+			}
+			// First handlings in publish order.
+			var handled []*msgState
+			for _, st := range list {
+				if st.first != nil {
+					handled = append(handled, st)
+				}
+			}
+			slices.SortFunc(handled, func(a, b *msgState) int { return cmp.Compare(a.first.StartSeq, b.first.StartSeq) })
+			for i := 1; i < len(handled); i++ {
+				a, b := handled[i-1], handled[i]
+				if b.index < a.index {
+					v(RuleFirstOrder, key, a.first.StartSeq, []string{a.p.ID, b.p.ID},
+						"key %q: message %s was first handled %s, before message %s, which was published before it and first handled only %s",
+						key, pname(a.p), rep.at(a.first.Start), pname(b.p), rep.at(b.first.Start))
+					break
+				}
+			}
+			// Head of line: a handling of message i starts only after every
+			// earlier message of its key was resolved.
+			for _, x := range keyHs[key] {
+				st := msgs[x.ID]
+				if x.Outcome == Abandoned || st.index < 0 || st.p.Key != key {
+					continue
+				}
+				if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
+					continue // a duplicate
+				}
+				for _, e := range list[:st.index] {
+					if e.resolved != nil && e.resolved.EndSeq < x.StartSeq {
+						continue
+					}
+					if e.dead && e.resolved == nil {
+						continue // dead-lettered by the subscriber, time unknown
+					}
+					what := "was never resolved"
+					if e.resolved != nil {
+						what = fmt.Sprintf("was resolved only %s (%s)", rep.at(e.resolved.End), e.resolved.Outcome)
+					} else if e.first == nil {
+						what = "had not been handled at all and was never resolved"
+					}
+					v(RuleHeadOfLine, key, x.StartSeq, []string{x.ID, e.p.ID},
+						"key %q: message %s (attempt %d) started %s while message %s, published before it, was unresolved: it %s; under Ordered a key's next message waits until the one before it is acknowledged or dead-lettered",
+						key, name(x), x.Attempt, rep.at(x.Start), pname(e.p), what)
+					break
+				}
+			}
+		}
+	}
+
+	if !spec.Unfinished {
+		seen := map[string]bool{}
+		for _, p := range h.Published {
+			st := msgs[p.ID]
+			if seen[p.ID] || st.resolved != nil || st.dead {
+				continue
+			}
+			what := "it was never handled"
+			if st.first != nil {
+				var last *Handling
+				for i := range hs {
+					if hs[i].ID == p.ID {
+						last = &hs[i]
+					}
+				}
+				what = fmt.Sprintf("it was handled %d times, the last (attempt %d) started %s: %s", st.count, last.Attempt, rep.at(last.Start), last.Outcome)
+				if last.Err != nil {
+					what += fmt.Sprintf(" (%v)", last.Err)
+				}
+			}
+			seen[p.ID] = true
+			v(RuleResolved, p.Key, maxSeq+1, []string{p.ID},
+				"key %q: message %s was neither acknowledged nor dead-lettered: %s", p.Key, pname(p), what)
+		}
+	}
+
+	slices.SortStableFunc(rep.Violations, func(a, b Violation) int { return cmp.Compare(a.Seq, b.Seq) })
+	return rep, rep.Err()
+}
