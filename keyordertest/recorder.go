@@ -122,11 +122,12 @@ type Recorder struct {
 	seq         uint64
 	published   []Published
 	handlings   []*Handling
+	changed     chan struct{} // closed and replaced on every record
 }
 
 // NewRecorder returns an empty Recorder.
 func NewRecorder(cfg *RecorderConfig) *Recorder {
-	r := &Recorder{label: DefaultLabel, maxAttempts: policy.MaxAttemptsDefault}
+	r := &Recorder{label: DefaultLabel, maxAttempts: policy.MaxAttemptsDefault, changed: make(chan struct{})}
 	if cfg != nil {
 		if cfg.MaxAttempts > 0 {
 			r.maxAttempts = cfg.MaxAttempts
@@ -174,6 +175,54 @@ func (r *Recorder) Published(ms ...*keyorder.Message) {
 	for _, m := range ms {
 		r.published = append(r.published, Published{Key: m.Key, ID: m.ID, Label: r.label(m)})
 	}
+	r.signal()
+}
+
+// signal wakes WaitResolved; r.mu is held.
+func (r *Recorder) signal() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// WaitResolved blocks until every message recorded as published has a
+// handling that resolves it (acknowledged or dead-lettered, as far as the
+// handler's result tells) and no handling runs, or ctx ends (then it
+// returns ctx.Err()). A message the subscriber dead-letters without calling
+// the handler (its attempts used up by lost leases) never counts as
+// resolved here: bound the wait with ctx.
+func (r *Recorder) WaitResolved(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		done, ch := r.resolvedLocked(), r.changed
+		r.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+func (r *Recorder) resolvedLocked() bool {
+	resolved := map[string]bool{}
+	for _, h := range r.handlings {
+		if h.EndSeq == 0 {
+			return false
+		}
+		r.classify(h)
+		if h.Outcome.Resolves() {
+			resolved[h.ID] = true
+		}
+	}
+	for _, p := range r.published {
+		if !resolved[p.ID] {
+			return false
+		}
+	}
+	return true
 }
 
 // Middleware returns a subscribe.Middleware that records every handling.
@@ -216,6 +265,7 @@ func (r *Recorder) end(h *Handling, ctx context.Context, err error, panicked boo
 	r.seq++
 	h.End, h.EndSeq = time.Now(), r.seq
 	h.Err, h.Panicked, h.permanent, h.canceled = err, panicked, permanent, canceled
+	r.signal()
 }
 
 // classify sets h.Outcome; r.mu is held.
@@ -256,4 +306,5 @@ func (r *Recorder) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.published, r.handlings = nil, nil
+	r.signal()
 }
