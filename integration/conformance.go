@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -613,7 +614,11 @@ func property(f *fixture, ordering policy.Ordering) {
 	var mu sync.Mutex
 	fails := map[string]int{}
 	workers := 2 + rng.IntN(6)
-	r := f.subscribe(&subscribe.Config{Workers: workers, Retry: policy.Retry{MaxAttempts: 4, MinBackoff: f.unit / 10, MaxBackoff: f.unit / 2}},
+	// The users' test kit checks the same history, so it is proven on
+	// every backend too.
+	kit := keyordertest.NewRecorder(nil)
+	r := f.subscribe(&subscribe.Config{Workers: workers, Retry: policy.Retry{MaxAttempts: 4, MinBackoff: f.unit / 10, MaxBackoff: f.unit / 2},
+		Middleware: []subscribe.Middleware{kit.Middleware()}},
 		func(ctx context.Context, d *keyorder.Delivery) error {
 			name := nameOf(d)
 			mu.Lock()
@@ -637,6 +642,7 @@ func property(f *fixture, ordering policy.Ordering) {
 		if err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
 			f.t.Fatal(err)
 		}
+		kit.Published(batch[i:min(i+50, len(batch))]...)
 	}
 	dead := 0
 	for _, v := range failPlan {
@@ -648,6 +654,10 @@ func property(f *fixture, ordering policy.Ordering) {
 		return int(r.sub.Stats().Acked.Load()+r.sub.Stats().DeadLettered.Load()) >= nMsgs
 	})
 	r.stop(f.t)
+	kit.SetMaxAttempts(r.sub.Retry().MaxAttempts)
+	if rep := keyordertest.Check(f.t, kit, keyordertest.Spec{Ordering: ordering}); len(rep.Duplicates) > 0 {
+		f.t.Logf("keyordertest: %d messages handled again after they were resolved (at least once)", len(rep.Duplicates))
+	}
 	if got := int(r.sub.Stats().DeadLettered.Load()); got != dead {
 		f.t.Errorf("dead-lettered %d, want %d", got, dead)
 	}

@@ -213,7 +213,7 @@ func TestCrashedConsumerLeasesExpire(t *testing.T) {
 		}
 		c2, _ := b.OpenSubscription("s")
 		time.Sleep(9 * time.Second)
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		early, _ := c2.Receive(rctx, 1)
 		cancel()
 		if len(early) != 0 {
