@@ -365,6 +365,9 @@ func Verify(h History, spec Spec) (*Report, error) {
 					}
 				}
 				what = fmt.Sprintf("it was handled %d times, the last (attempt %d) started %s: %s", st.count, last.Attempt, rep.at(last.Start), last.Outcome)
+				if st.count == 1 {
+					what = fmt.Sprintf("it was handled once (attempt %d), started %s: %s", last.Attempt, rep.at(last.Start), last.Outcome)
+				}
 				if last.Err != nil {
 					what += fmt.Sprintf(" (%v)", last.Err)
 				}

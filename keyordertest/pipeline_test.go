@@ -265,3 +265,31 @@ func TestFailPublishes(t *testing.T) {
 		}
 	})
 }
+
+// A handler cancelled by shutdown is recorded Abandoned: it decided
+// nothing, so its message is unresolved, and the report says why.
+func TestShutdownAbandons(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPipeline(t, policy.Ordered)
+		cfg := p.config(2)
+		cfg.ShutdownTimeout = time.Second
+		c := keyordertest.StartConsumer(t, p.b, "s", cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		p.publish(t, "a1:A")
+		synctest.Wait()
+		c.Stop()
+		rep, err := keyordertest.Verify(p.rec.History(), keyordertest.Spec{Ordering: policy.Ordered})
+		if rep.Outcomes[keyordertest.Abandoned] != 1 {
+			t.Errorf("outcomes %v, want one abandoned", rep.Outcomes)
+		}
+		want := `keyordertest: resolved rule broken: key "A": message a1 (ID id-a1) was neither acknowledged nor dead-lettered: it was handled once (attempt 1), started at +0s: abandoned (context cancelled) (context canceled)`
+		if err == nil || err.Error() != want {
+			t.Errorf("Verify: %v\nwant %s", err, want)
+		}
+		if _, err := keyordertest.Verify(p.rec.History(), keyordertest.Spec{Ordering: policy.Ordered, Unfinished: true}); err != nil {
+			t.Errorf("Verify with Unfinished: %v", err)
+		}
+	})
+}
