@@ -74,7 +74,7 @@ func (p *pipeline) publish(t *testing.T, specs ...string) {
 func (p *pipeline) config(workers int, mw ...subscribe.Middleware) *subscribe.Config {
 	return &subscribe.Config{
 		Workers: workers, Logger: quiet,
-		Retry:      policy.Retry{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: time.Second},
+		Retry:      policy.Retry{MaxAttempts: 3, MinBackoff: time.Second, MaxBackoff: time.Second, NoJitter: true},
 		Middleware: append([]subscribe.Middleware{p.rec.Middleware()}, mw...),
 	}
 }
