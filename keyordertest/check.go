@@ -196,7 +196,8 @@ func Verify(h History, spec Spec) (*Report, error) {
 		Duplicates: map[string]int{},
 		hist:       h,
 	}
-	hs := h.Handlings
+	hs := slices.Clone(h.Handlings)
+	h.Handlings = hs
 	slices.SortStableFunc(hs, func(a, b Handling) int { return cmp.Compare(a.StartSeq, b.StartSeq) })
 	if len(hs) > 0 {
 		rep.t0 = hs[0].Start

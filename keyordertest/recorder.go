@@ -235,12 +235,12 @@ func (r *Recorder) Middleware() subscribe.Middleware {
 			h := r.begin(d)
 			defer func() {
 				if p := recover(); p != nil {
-					r.end(h, ctx, &keyorder.PanicError{Value: p}, true)
+					r.end(ctx, h, &keyorder.PanicError{Value: p}, true)
 					panic(p)
 				}
 			}()
 			err = next(ctx, d)
-			r.end(h, ctx, err, false)
+			r.end(ctx, h, err, false)
 			return err
 		}
 	}
@@ -256,7 +256,7 @@ func (r *Recorder) begin(d *keyorder.Delivery) *Handling {
 	return h
 }
 
-func (r *Recorder) end(h *Handling, ctx context.Context, err error, panicked bool) {
+func (r *Recorder) end(ctx context.Context, h *Handling, err error, panicked bool) {
 	var perm *keyorder.PermanentError
 	permanent := err != nil && errors.As(err, &perm)
 	canceled := err != nil && ctx.Err() != nil
