@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/publish"
+)
+
+// headerList is a repeatable --header k=v flag.
+type headerList map[string]string
+
+func (h headerList) String() string { return fmt.Sprint(map[string]string(h)) }
+func (h headerList) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want k=v, got %q", v)
+	}
+	h[k] = val
+	return nil
+}
+
+// maxStdin bounds the payload read from standard input.
+const maxStdin = 64 << 20
+
+func (c *cli) publish(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
+	key := fs.String("key", "", "ordering key")
+	id := fs.String("id", "", "message ID (default: a new UUID)")
+	delay := fs.Duration("delay", 0, "deliver not before now+delay")
+	headers := headerList{}
+	fs.Var(headers, "header", "header k=v (repeatable)")
+	pos, err := c.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	raw, err := c.oneURL("publish", pos)
+	if err != nil {
+		return err
+	}
+	payload, err := io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
+	if err != nil {
+		return fmt.Errorf("read payload from standard input: %w", err)
+	}
+	if len(payload) > maxStdin {
+		return usagef("publish: payload on standard input exceeds %d bytes", maxStdin)
+	}
+	pub, err := publish.Open(ctx, raw, nil)
+	if err != nil {
+		return err
+	}
+	m := &keyorder.Message{ID: *id, Key: *key, Payload: payload}
+	if len(headers) > 0 {
+		m.Headers = headers
+	}
+	if *delay > 0 {
+		m.NotBefore = time.Now().Add(*delay)
+	}
+	perr := pub.Publish(ctx, m)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := pub.Close(cctx); err != nil && perr == nil {
+		perr = err
+	}
+	if perr != nil {
+		return fmt.Errorf("publish: %w", perr)
+	}
+	if c.json {
+		return c.emitJSON(map[string]any{"id": m.ID, "key": m.Key, "bytes": len(payload)})
+	}
+	c.printf("published %s (key %q, %d bytes)\n", m.ID, m.Key, len(payload))
+	return nil
+}
