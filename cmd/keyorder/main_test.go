@@ -139,7 +139,12 @@ func exercise(t *testing.T, topicURL, subURL string) {
 		!strings.Contains(dead[0].Reason, "cannot apply") || dead[0].Attempts != 1 {
 		t.Fatalf("dead letters %+v, want the poison message %s", dead, ids[1])
 	}
-	code, stdout, stderr := cmd(t, "", "dead", "list", subURL)
+	code, stdout, stderr := cmd(t, "", "stats", subURL, "--json")
+	var st statsJSON
+	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Dead != 1 {
+		t.Errorf("stats --json with one dead letter: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = cmd(t, "", "dead", "list", subURL)
 	if code != exitOK || !strings.Contains(stdout, "ID") || !strings.Contains(stdout, ids[1]) || !strings.Contains(stderr, "1 dead letters") {
 		t.Errorf("dead list (table): exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -168,7 +173,7 @@ func exercise(t *testing.T, topicURL, subURL string) {
 		t.Fatalf("tail: exit %d\n%s%s", code, stdout, stderr)
 	}
 	code, stdout, stderr = cmd(t, "", "stats", subURL, "--json")
-	var st statsJSON
+	st = statsJSON{}
 	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Dead != 0 || st.Ordering != "ordered" {
 		t.Errorf("stats --json: exit %d\n%s%s", code, stdout, stderr)
 	}

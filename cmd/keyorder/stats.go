@@ -59,7 +59,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		out.MaxAttempts, out.MinBackoff, out.MaxBackoff = r.MaxAttempts, r.MinBackoff.String(), r.MaxBackoff.String()
 	}
 	if st, ok := drv.(adapters.DeadLetterStore); ok {
-		dls, err := st.DeadLetters(ctx, 0)
+		dls, err := st.DeadLetters(ctx, allDead)
 		if err != nil && !errors.Is(err, keyorder.ErrUnsupported) {
 			return fmt.Errorf("count dead letters: %w", err)
 		}
