@@ -219,3 +219,42 @@ func TestSQS(t *testing.T) {
 	q := url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}, "ordering": {"ordered"}}
 	exercise(t, "sqs://"+queue+"?"+q.Encode(), "sqs://"+queue+"?"+q.Encode())
 }
+
+// A large redrive goes in batches and draws its progress on stderr.
+func TestRedriveProgress(t *testing.T) {
+	ctx := context.Background()
+	const n = 250
+	topicURL, subURL := "mem://cli-bulk", "mem://cli-bulk?subscription=ops&ordering=exclusive"
+	if code, _, stderr := cmd(t, "", "stats", subURL); code != exitOK {
+		t.Fatal(stderr)
+	}
+	for i := range n {
+		if code, _, stderr := cmd(t, "x", "publish", topicURL, "--key", fmt.Sprintf("k%d", i%7)); code != exitOK {
+			t.Fatal(stderr)
+		}
+	}
+	sub, err := subscribe.Open(ctx, subURL, &subscribe.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(runCtx, func(ctx context.Context, d *keyorder.Delivery) error {
+			return keyorder.Permanent(errors.New("no"))
+		})
+	}()
+	for deadline := time.Now().Add(time.Minute); int(sub.Stats().DeadLettered.Load()) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("dead-lettered %d of %d", sub.Stats().DeadLettered.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-done
+	code, stdout, stderr := cmd(t, "", "dead", "redrive", subURL, "--all", "--yes")
+	if code != exitOK || !strings.Contains(stdout, fmt.Sprintf("redriven %d of %d", n, n)) ||
+		!strings.Contains(stderr, "100/250 sent") || !strings.Contains(stderr, "[##############################] 250/250 sent, 250 redriven") {
+		t.Errorf("redrive --all --yes: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
