@@ -180,7 +180,9 @@ func exercise(t *testing.T, topicURL, subURL string) {
 }
 
 func TestMemory(t *testing.T) {
-	exercise(t, "mem://cli-ledger", "mem://cli-ledger?subscription=ops&ordering=ordered")
+	// mem:// URLs share one broker per process: fresh names per run.
+	n := time.Now().UnixNano()
+	exercise(t, fmt.Sprintf("mem://cli-ledger-%d", n), fmt.Sprintf("mem://cli-ledger-%d?subscription=ops-%d&ordering=ordered", n, n))
 }
 
 func TestPostgres(t *testing.T) {
@@ -224,7 +226,8 @@ func TestSQS(t *testing.T) {
 func TestRedriveProgress(t *testing.T) {
 	ctx := context.Background()
 	const n = 250
-	topicURL, subURL := "mem://cli-bulk", "mem://cli-bulk?subscription=ops&ordering=exclusive"
+	u := time.Now().UnixNano()
+	topicURL, subURL := fmt.Sprintf("mem://cli-bulk-%d", u), fmt.Sprintf("mem://cli-bulk-%d?subscription=bulk-%d&ordering=exclusive", u, u)
 	if code, _, stderr := cmd(t, "", "stats", subURL); code != exitOK {
 		t.Fatal(stderr)
 	}
