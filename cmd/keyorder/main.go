@@ -9,6 +9,7 @@
 //	keyorder dead redrive URL --id 0199... [--id ...]
 //	keyorder dead redrive URL --all [--yes]
 //	keyorder stats URL
+//	keyorder held URL                   (PostgreSQL)
 //	keyorder publish URL --key acct-42 [--header k=v]... [--id ID] < payload
 //	keyorder tail URL [--count N] [--for 30s]
 //
@@ -70,6 +71,7 @@ const usage = `usage:
   keyorder dead show URL --id ID [--json]
   keyorder dead redrive URL (--id ID ... | --all [--yes]) [--json]
   keyorder stats URL [--json]
+  keyorder held URL [--limit N] [--json]
   keyorder publish URL --key KEY [--header k=v]... [--id ID] [--json] < payload
   keyorder tail URL [--count N] [--for DURATION] [--json]
 URL is a subscription URL (a topic URL for publish). Exit codes: 0 done,
@@ -141,6 +143,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return usagef("dead: unknown subcommand %q (want list, show or redrive)", args[1])
 	case "stats":
 		return c.stats(ctx, args[1:])
+	case "held":
+		return c.held(ctx, args[1:])
 	case "publish":
 		return c.publish(ctx, args[1:])
 	case "tail":

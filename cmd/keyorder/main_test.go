@@ -202,6 +202,64 @@ func TestPostgres(t *testing.T) {
 	q.Set("ordering", "ordered")
 	u.RawQuery = q.Encode()
 	exercise(t, topicURL, u.String())
+	heldKey(t, topicURL, u.String())
+}
+
+// heldKey makes a handler ask for a retry in an hour and checks that held
+// and stats show the key held.
+func heldKey(t *testing.T, topicURL, subURL string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if code, _, stderr := cmd(t, "later", "publish", topicURL, "--key", "acct-9"); code != exitOK {
+		t.Fatal(stderr)
+	}
+	sub, err := subscribe.Open(ctx, subURL, &subscribe.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
+			select {
+			case handled <- struct{}{}:
+			default:
+			}
+			return keyorder.RetryAfter(errors.New("not yet"), time.Hour)
+		})
+	}()
+	select {
+	case <-handled:
+	case <-ctx.Done():
+		t.Fatal("not handled")
+	}
+	sub.Shutdown(ctx)
+	<-done
+	sub.Close()
+	code, stdout, stderr := cmd(t, "", "held", subURL, "--json")
+	var keys []heldJSON
+	if code != exitOK || json.Unmarshal([]byte(stdout), &keys) != nil || len(keys) != 1 || keys[0].Key != "acct-9" ||
+		keys[0].InFlight || time.Until(keys[0].Until) < 50*time.Minute {
+		t.Errorf("held --json: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = cmd(t, "", "held", subURL)
+	if code != exitOK || !strings.Contains(stdout, "acct-9") || !strings.Contains(stdout, "waiting (retry or publish delay)") {
+		t.Errorf("held: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = cmd(t, "", "stats", subURL, "--json")
+	var st statsJSON
+	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Held != 1 {
+		t.Errorf("stats --json with a held key: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// Backends that cannot list held keys say so, with exit code 3.
+func TestHeldUnsupported(t *testing.T) {
+	n := time.Now().UnixNano()
+	code, _, stderr := cmd(t, "", "held", fmt.Sprintf("mem://cli-held-%d?subscription=held-%d", n, n))
+	if code != exitUnsupported || !strings.Contains(stderr, "only PostgreSQL can list them") {
+		t.Errorf("held on memory: exit %d, %s", code, stderr)
+	}
 }
 
 func TestPubSubEmulator(t *testing.T) {

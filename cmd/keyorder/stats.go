@@ -26,6 +26,8 @@ type statsJSON struct {
 	MinBackoff    string `json:"min_backoff,omitempty"`
 	MaxBackoff    string `json:"max_backoff,omitempty"`
 	Dead          int    `json:"dead"`
+	// Held is -1 when the backend cannot list held keys.
+	Held int `json:"held"`
 	// Unknown lists what the backend's driver cannot report through the
 	// portable API.
 	Unknown []string `json:"unknown"`
@@ -50,7 +52,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	out := statsJSON{
 		URL: c.redact(raw), Ordering: caps.Ordering.String(), NativeHold: caps.NativeHold,
 		LeaseDuration: caps.LeaseDuration.String(), MaxBatch: caps.MaxBatch, Dead: -1,
-		Unknown: []string{"backlog", "in_flight", "held"},
+		Held: -1, Unknown: []string{"backlog", "in_flight"},
 	}
 	if u, err := url.Parse(raw); err == nil {
 		out.Backend = u.Scheme
@@ -69,6 +71,15 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	}
 	if out.Dead < 0 {
 		out.Unknown = append(out.Unknown, "dead")
+	}
+	if hl, ok := drv.(heldLister); ok {
+		keys, err := hl.HeldKeys(ctx, allDead)
+		if err != nil {
+			return fmt.Errorf("count held keys: %w", err)
+		}
+		out.Held = len(keys)
+	} else {
+		out.Unknown = append(out.Unknown, "held")
 	}
 	if c.json {
 		return c.emitJSON(out)
@@ -96,7 +107,12 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	} else {
 		row("dead letters", "not listable on this backend")
 	}
-	row("backlog, in flight, held", "not reported: the driver interface has no counters yet")
+	if out.Held >= 0 {
+		row("held keys", fmt.Sprintf("%d (in flight or waiting on a retry or delay; keyorder held URL lists them)", out.Held))
+	} else {
+		row("held keys", "not listable on this backend")
+	}
+	row("backlog, in flight", "not reported: the driver interface has no counters yet")
 	tw.Flush()
 	c.printf("%s", b.String())
 	return nil

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/postgres"
+)
+
+// heldLister is implemented by drivers that can list the keys they hold
+// (PostgreSQL's Subscription).
+type heldLister interface {
+	HeldKeys(ctx context.Context, limit int) ([]postgres.HeldKey, error)
+}
+
+// heldJSON is a held key as --json prints it.
+type heldJSON struct {
+	Key      string    `json:"key"`
+	InFlight bool      `json:"in_flight"`
+	Until    time.Time `json:"until"`
+}
+
+// openHeld opens the driver and its held-key lister, or fails with
+// ErrUnsupported naming what the backend cannot tell.
+func (c *cli) openHeld(ctx context.Context, raw string) (adapters.Subscription, heldLister, error) {
+	drv, err := adapters.DefaultMux().OpenSubscription(ctx, raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	hl, ok := drv.(heldLister)
+	if !ok {
+		drv.Close()
+		return nil, nil, fmt.Errorf("held keys of %s: only PostgreSQL can list them so far (SQS hides a held group's messages, "+
+			"Pub/Sub and Pulsar hold keys inside the consuming process): %w", c.redact(raw), keyorder.ErrUnsupported)
+	}
+	return drv, hl, nil
+}
+
+func (c *cli) held(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("held", flag.ContinueOnError)
+	limit := fs.Int("limit", 100, "most keys to list (0: all)")
+	pos, err := c.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	raw, err := c.oneURL("held", pos)
+	if err != nil {
+		return err
+	}
+	drv, hl, err := c.openHeld(ctx, raw)
+	if err != nil {
+		return err
+	}
+	defer drv.Close()
+	lim := *limit
+	if lim <= 0 {
+		lim = allDead
+	}
+	keys, err := hl.HeldKeys(ctx, lim)
+	if err != nil {
+		return fmt.Errorf("list held keys: %w", err)
+	}
+	if c.json {
+		out := make([]heldJSON, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, heldJSON{Key: k.Key, InFlight: k.InFlight, Until: k.Until.UTC()})
+		}
+		return c.emitJSON(out)
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tUNTIL\tIN")
+	now := time.Now()
+	for _, k := range keys {
+		state := "waiting (retry or publish delay)"
+		if k.InFlight {
+			state = "in flight (leased)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", printable([]byte(k.Key), 60), state, k.Until.UTC().Format(time.RFC3339), k.Until.Sub(now).Round(time.Second))
+	}
+	tw.Flush()
+	c.printf("%s", b.String())
+	c.eprintf("%d held keys\n", len(keys))
+	return nil
+}
