@@ -3,6 +3,7 @@ package keyordertest
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -211,4 +212,21 @@ func (c *Consumer) Restart() *Consumer {
 	c.tb.Helper()
 	c.Crash()
 	return StartConsumer(c.tb, c.b, c.subName, c.cfg, c.h)
+}
+
+// DeadLetterIDs returns the IDs of every dead letter of the subscriber's
+// subscription, for Spec.DeadLettered: messages the subscriber dead-letters
+// without calling the handler (their attempts used up by lost leases) are
+// resolved only there.
+func DeadLetterIDs(ctx context.Context, sub *subscribe.Subscriber) ([]string, error) {
+	// A large limit, not 0: drivers disagree on what 0 means.
+	dls, err := sub.DeadLetters(ctx, math.MaxInt32)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(dls))
+	for _, d := range dls {
+		ids = append(ids, d.Message.ID)
+	}
+	return ids, nil
 }

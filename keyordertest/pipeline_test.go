@@ -106,7 +106,7 @@ func TestCorrectPipelinePasses(t *testing.T) {
 			keyordertest.Fault{Payload: "c2", Err: keyorder.Permanent(errors.New("poison"))},
 			keyordertest.Fault{Payload: "c3"}, // fails every attempt: dead letter by budget
 		)
-		keyordertest.StartConsumer(t, p.b, "s", p.config(4, faults), work)
+		c := keyordertest.StartConsumer(t, p.b, "s", p.config(4, faults), work)
 		p.publish(t, "a1:A", "b1:B", "a2:A", "c1:C", "c2:C", "a3:A", "c3:C", "b2:B", "c4:C")
 		p.wait(t)
 		rep := keyordertest.Check(t, p.rec, keyordertest.Spec{Ordering: policy.Ordered})
@@ -119,6 +119,10 @@ func TestCorrectPipelinePasses(t *testing.T) {
 		}
 		if rep.Messages != 9 || rep.Handlings != 13 || len(rep.Violations) != 0 || len(rep.Duplicates) != 0 {
 			t.Errorf("report %+v", rep)
+		}
+		ids, err := keyordertest.DeadLetterIDs(context.Background(), c.Subscriber)
+		if err != nil || !slices.Equal(ids, []string{"id-c2", "id-c3"}) {
+			t.Errorf("DeadLetterIDs: %v, %v; want c2 and c3", ids, err)
 		}
 	})
 }
