@@ -182,3 +182,11 @@ type DeadLetterStore interface {
 	// attempt count. It returns how many were redriven.
 	Redrive(ctx context.Context, ids []string) (int, error)
 }
+
+// Namer is implemented by Subscription drivers that know the name of their
+// subscription. subscribe puts it in keyorder.Delivery.Subscription; it is
+// never a URL, so no secret of the URL reaches a handler or its logs.
+type Namer interface {
+	// Name returns the subscription's name as the application gave it.
+	Name() string
+}

@@ -2,9 +2,11 @@ package adapters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/keyorder/keyorder"
@@ -100,7 +102,7 @@ func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	o, ok := m.topics[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
 	}
 	return o.OpenTopicURL(ctx, u)
 }
@@ -115,7 +117,7 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 	o, ok := m.subs[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
 	}
 	return o.OpenSubscriptionURL(ctx, u)
 }
@@ -123,6 +125,7 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 // URLError reports a URL that cannot be opened. It unwraps to the cause,
 // which matches keyorder.ErrBadURL or keyorder.ErrUnknownScheme.
 type URLError struct {
+	// URL is the URL as Redact shows it: never a password or other secret.
 	URL string
 	Err error
 }
@@ -133,20 +136,26 @@ func (e *URLError) Error() string { return fmt.Sprintf("keyorder: open %q: %v", 
 // Unwrap returns the cause.
 func (e *URLError) Unwrap() error { return e.Err }
 
-// ParseURL parses urlstr and requires a scheme.
+// ParseURL parses urlstr and requires a scheme. It rejects a fragment (no
+// opener reads one, so it would be silently dropped). Its errors never echo
+// the URL when it cannot be parsed: only its scheme.
 func ParseURL(urlstr string) (*url.URL, error) {
 	u, err := url.Parse(urlstr)
 	if err != nil {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
+		why := "cannot be parsed as a URL"
+		var ue *url.Error
+		if errors.As(err, &ue) && !strings.ContainsAny(ue.Err.Error(), "\"'`") {
+			// A fixed message ("missing protocol scheme"), quoting nothing
+			// of the URL.
+			why += ": " + ue.Err.Error()
+		}
+		return nil, &URLError{URL: redactRaw(urlstr), Err: fmt.Errorf("%w: %s", keyorder.ErrBadURL, why)}
 	}
 	if u.Scheme == "" {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+	}
+	if u.Fragment != "" || strings.Contains(urlstr, "#") {
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: a fragment (#...) is not allowed", keyorder.ErrBadURL)}
 	}
 	return u, nil
-}
-
-// BadParam returns the error an opener gives for an invalid or unknown query
-// parameter; it matches keyorder.ErrBadURL.
-func BadParam(u *url.URL, param, why string) error {
-	return &URLError{URL: u.String(), Err: fmt.Errorf("%w: parameter %q: %s", keyorder.ErrBadURL, param, why)}
 }

@@ -217,7 +217,13 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) 
 		drv.Close()
 		return nil, err
 	}
-	s.name = urlstr
+	if s.name == "" {
+		// A driver that does not know its name: the URL, never with its
+		// secrets.
+		if u, err := adapters.ParseURL(urlstr); err == nil {
+			s.name = adapters.Redact(u)
+		}
+	}
 	return s, nil
 }
 
@@ -241,6 +247,9 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		s.caps.MaxBatch = 1
 	}
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	if n, ok := drv.(adapters.Namer); ok {
+		s.name = n.Name()
+	}
 	return s, nil
 }
 

@@ -532,14 +532,18 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 		c.region = "us-east-1"
 	}
 	c.opts.Ordering = policy.Ordered
-	if c.queue == "" || (u.Path != "" && u.Path != "/") {
+	if c.queue == "" || (u.Path != "" && u.Path != "/") || u.User != nil || u.Opaque != "" {
 		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
 	}
 	if _, err := deadQueueName(c.queue); err != nil {
 		return nil, adapters.BadParam(u, "host", err.Error())
 	}
-	for p, vs := range u.Query() {
-		v := vs[0]
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range ps {
+		p, v := kv.Name, kv.Value
 		var perr error
 		switch p {
 		case "endpoint":
