@@ -104,7 +104,11 @@ func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	if !ok {
 		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
 	}
-	return o.OpenTopicURL(ctx, u)
+	t, err := o.OpenTopicURL(ctx, u)
+	if err != nil {
+		return nil, WrapError("open", err, codeOf(o))
+	}
+	return t, nil
 }
 
 // OpenSubscription opens the Subscription driver for urlstr.
@@ -119,7 +123,46 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 	if !ok {
 		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
 	}
-	return o.OpenSubscriptionURL(ctx, u)
+	sub, err := o.OpenSubscriptionURL(ctx, u)
+	if err != nil {
+		return nil, WrapError("open", err, codeOf(o))
+	}
+	return sub, nil
+}
+
+// ErrorCoder is implemented by URL openers that classify the broker errors
+// they return (each driver's ErrorCode), so that the mux returns them as
+// *keyorder.Error with the right code.
+type ErrorCoder interface {
+	ErrorCode(err error) keyorder.ErrorCode
+}
+
+func codeOf(o any) func(error) keyorder.ErrorCode {
+	if c, ok := o.(ErrorCoder); ok {
+		return c.ErrorCode
+	}
+	return nil
+}
+
+// WrapError returns err as the portable API returns errors: unchanged when
+// it already matches a keyorder sentinel (a *keyorder.Error, an ErrBadURL,
+// ...) or is the context's error, else as a *keyorder.Error for op with the
+// code classify gives it (CodeUnknown when classify is nil). So every error
+// of the portable API matches a keyorder sentinel and carries a code
+// keyorder.Code reads.
+func WrapError(op string, err error, classify func(error) keyorder.ErrorCode) error {
+	if err == nil {
+		return nil
+	}
+	var ke *keyorder.Error
+	if errors.As(err, &ke) || keyorder.Code(err) != keyorder.CodeUnknown {
+		return err
+	}
+	code := keyorder.CodeUnknown
+	if classify != nil {
+		code = classify(err)
+	}
+	return &keyorder.Error{Code: code, Op: op, Err: err}
 }
 
 // URLError reports a URL that cannot be opened. It unwraps to the cause,

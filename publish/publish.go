@@ -261,7 +261,7 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 	if m.ID == "" {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return nil, err
+			return nil, &keyorder.Error{Code: keyorder.CodeUnavailable, Op: "publish: message ID", Err: err}
 		}
 		m.ID = id.String()
 	}

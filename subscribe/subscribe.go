@@ -855,7 +855,8 @@ func (s *Subscriber) DeadLetters(ctx context.Context, limit int) ([]adapters.Dea
 	if !ok {
 		return nil, fmt.Errorf("dead letters: %w", keyorder.ErrUnsupported)
 	}
-	return st.DeadLetters(ctx, limit)
+	dls, err := st.DeadLetters(ctx, limit)
+	return dls, adapters.WrapError("dead letters", err, s.drv.ErrorCode)
 }
 
 // Redrive puts dead letters back on the subscription, after everything that
@@ -865,7 +866,8 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("redrive: %w", keyorder.ErrUnsupported)
 	}
-	return st.Redrive(ctx, ids)
+	n, err := st.Redrive(ctx, ids)
+	return n, adapters.WrapError("redrive", err, s.drv.ErrorCode)
 }
 
 // idSet remembers the last n IDs added.

@@ -491,3 +491,6 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters
 
 // Name returns the subscription's name (adapters.Namer).
 func (d *Subscription) Name() string { return d.s.name }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -194,3 +194,6 @@ func newPool(ctx context.Context, u *url.URL, conn string) (*pgxpool.Pool, error
 	}
 	return pool, nil
 }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }

@@ -491,3 +491,6 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	s.ownClient = true
 	return s, nil
 }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -631,3 +631,6 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 func queueNameOf(queueURL string) string {
 	return queueURL[strings.LastIndexByte(queueURL, '/')+1:]
 }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
