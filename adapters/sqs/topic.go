@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -134,7 +135,8 @@ func encode(m *adapters.Message, ordering policy.Ordering) (*encoded, error) {
 		e.attrs[AttrEncoding] = stringAttr("base64")
 	}
 	if n := e.size(); n > MaxMessageBytes {
-		return nil, fmt.Errorf("%w: message size %d bytes (body as sent plus attributes) exceeds SQS's %d", errBadMessage, n, MaxMessageBytes)
+		return nil, fmt.Errorf("%w: %w", errBadMessage, &keyorder.LimitError{
+			Limit: "encoded size (body as sent, base64 for a binary payload, plus attributes)", Max: MaxMessageBytes, Got: n, Backend: "sqs"})
 	}
 	return e, nil
 }
@@ -219,13 +221,30 @@ func batchError(op string, failed []types.BatchResultErrorEntry) error {
 // Limits returns SQS's limits as the driver applies them.
 func (t *Topic) Limits() adapters.Limits {
 	return adapters.Limits{
-		Backend:          "sqs",
-		MaxKeyBytes:      MaxKeyBytes,
-		KeyUTF8:          true,
-		MaxPayloadBytes:  MaxPayloadBytes,
-		PayloadRequired:  true,
-		MaxBatchMessages: MaxBatchMessages,
+		Backend:            "sqs",
+		MaxKeyBytes:        MaxKeyBytes,
+		KeyUTF8:            true,
+		MaxPayloadBytes:    MaxPayloadBytes,
+		PayloadRequired:    true,
+		MaxBatchMessages:   MaxBatchMessages,
+		MaxHeaders:         MaxHeaders,
+		MaxHeaderNameBytes: 256,
+		Check:              checkEncode,
 	}
+}
+
+// checkEncode is encode's verdict on m, for adapters.Validate: the same
+// checks SendBatch applies, run before anything is sent.
+func checkEncode(m *adapters.Message) error {
+	_, err := encode(m, policy.Ordered)
+	if err == nil {
+		return nil
+	}
+	var le *keyorder.LimitError
+	if errors.As(err, &le) {
+		return le
+	}
+	return errors.New(strings.TrimPrefix(err.Error(), errBadMessage.Error()+": "))
 }
 
 // IsRetryable reports whether err is transient (throttling, 5xx, network).
