@@ -37,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/policy"
