@@ -53,6 +53,11 @@ func roundTrip(t *testing.T, m *adapters.Message) *adapters.Message {
 	if err != nil {
 		t.Fatalf("encode after Validate accepted: %v", err)
 	}
+	for k, v := range e.attrs {
+		if aws.ToString(v.StringValue) == "" && len(v.BinaryValue) == 0 {
+			t.Fatalf("attribute %q is empty: SQS refuses it", k)
+		}
+	}
 	rm := &types.Message{
 		Body:              aws.String(e.body),
 		MessageAttributes: e.attrs,
@@ -72,6 +77,7 @@ func FuzzEncodeDecode(f *testing.F) {
 	f.Add("id-1", "acct-42", []byte("hello"), "h", "v")
 	f.Add("", "k", []byte{0, 0xff, 0xfe, '\n'}, "x-a", "tab\there\x01")
 	f.Add("0190-uuid", "ключ", []byte("\x00"), "n", "")
+	f.Add("id", "k", []byte("p"), "empty", "")
 	lim := (&Topic{}).Limits()
 	f.Fuzz(func(t *testing.T, id, key string, payload []byte, hname, hval string) {
 		m := &adapters.Message{ID: id, Key: key, Payload: payload}

@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -53,9 +54,17 @@ func randomID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
+// emptyValue is how an empty header value travels: SQS refuses empty
+// attribute values, and a single NUL byte is no value the portable rule
+// lets a header have.
+var emptyValue = []byte{0}
+
 // stringAttr returns s as a String attribute, or as a Binary one when it is
-// not SQS text.
+// not SQS text (or empty: emptyValue).
 func stringAttr(s string) types.MessageAttributeValue {
+	if s == "" {
+		return types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: emptyValue}
+	}
 	if sqsText(s) {
 		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
 	}
@@ -65,6 +74,9 @@ func stringAttr(s string) types.MessageAttributeValue {
 func attrString(v types.MessageAttributeValue) string {
 	if v.StringValue != nil {
 		return *v.StringValue
+	}
+	if bytes.Equal(v.BinaryValue, emptyValue) {
+		return ""
 	}
 	return string(v.BinaryValue)
 }
