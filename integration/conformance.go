@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -801,16 +802,13 @@ func exactBytesAndKnowableLimits(f *fixture) {
 	if lim.MaxHeaderValueBytes > 0 {
 		bads = append(bads, bad{"header value over the limit", &keyorder.Message{Headers: map[string]string{"x-a": strings.Repeat("v", lim.MaxHeaderValueBytes+1)}}})
 	}
-	if lim.Check != nil && lim.MaxPayloadBytes > 0 {
+	if lim.MaxPayloadBytes > 0 {
 		// Within MaxPayloadBytes, but a backend that encodes binary
-		// payloads (SQS: base64) may refuse it: then Check must say so.
-		big := &keyorder.Message{Key: "K", Payload: slices.Repeat([]byte{0xff}, lim.MaxPayloadBytes)}
-		if err := p.Publish(f.ctx, big); err != nil && !errors.As(err, new(*keyorder.LimitError)) {
-			f.t.Errorf("binary payload of MaxPayloadBytes: %v, want success or a LimitError", err)
-		} else if err == nil {
-			valid = append(valid, nil) // placeholder: sent before v1
-			copy(valid[1:], valid)
-			valid[0] = big
+		// payloads (SQS: base64) may refuse it: then it must be a
+		// LimitError before sending, like the rest.
+		payload := slices.Repeat([]byte{0xff}, lim.MaxPayloadBytes)
+		if adapters.Validate(lim, &adapters.Message{Key: "K", Payload: payload}) != nil {
+			bads = append(bads, bad{"binary payload over the encoded size", &keyorder.Message{Payload: payload}})
 		}
 	}
 	after := 0
@@ -819,7 +817,9 @@ func exactBytesAndKnowableLimits(f *fixture) {
 		if m.Key == "" {
 			m.Key = "K"
 		}
-		m.Payload = []byte("bad")
+		if m.Payload == nil {
+			m.Payload = []byte("bad")
+		}
 		var le *keyorder.LimitError
 		if err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
 			f.t.Errorf("%s: Publish = %v, want a LimitError", b.what, err)
