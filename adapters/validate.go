@@ -14,7 +14,7 @@ import (
 // The portable rule for keys and headers, the same on every backend (see
 // keyorder's package documentation):
 //
-//   - an ordering key is valid UTF-8 without NUL (U+0000);
+//   - an ordering key and a message ID are valid UTF-8 without NUL (U+0000);
 //   - a header name is non-empty valid UTF-8 without NUL and does not start
 //     with "keyorder-", which drivers reserve for their own attributes;
 //   - a header value is valid UTF-8 without NUL (it may be empty).
@@ -86,6 +86,12 @@ func Validate(lim Limits, m *Message) error {
 	}
 	if strings.IndexByte(m.Key, 0) >= 0 {
 		return &keyorder.LimitError{Limit: "key contains NUL", Backend: b}
+	}
+	if !utf8.ValidString(m.ID) {
+		return &keyorder.LimitError{Limit: "ID is not valid UTF-8", Backend: b}
+	}
+	if strings.IndexByte(m.ID, 0) >= 0 {
+		return &keyorder.LimitError{Limit: "ID contains NUL", Backend: b}
 	}
 	if lim.PayloadRequired && len(m.Payload) == 0 {
 		return &keyorder.LimitError{Limit: "empty payload", Backend: b}

@@ -791,6 +791,7 @@ func exactBytesAndKnowableLimits(f *fixture) {
 		{"invalid UTF-8 in a header value", &keyorder.Message{Headers: map[string]string{"x-a": "\xff"}}},
 		{"reserved header name", &keyorder.Message{Headers: map[string]string{"keyorder-id": "forged"}}},
 		{"NUL in the key", &keyorder.Message{Key: "K\x00"}},
+		{"invalid UTF-8 in the ID", &keyorder.Message{ID: "id-\xd1"}},
 	}
 	if lim.MaxHeaders > 0 {
 		h := map[string]string{}
