@@ -53,8 +53,9 @@ var (
 // LimitError reports a message that breaks a backend limit. It matches
 // ErrInvalidMessage.
 type LimitError struct {
-	// Limit names the limit: "key length", "key characters", "payload size",
-	// "payload empty", "header size".
+	// Limit names the limit: "key length", "key is not valid UTF-8",
+	// "payload size", "empty payload", "header count", "header bytes",
+	// "encoded size ..." (SQS), or the rule a header breaks.
 	Limit string
 	// Max is the limit's value (bytes or characters), 0 if not numeric.
 	Max int

@@ -71,7 +71,9 @@ type Limits struct {
 	Backend string
 	// MaxKeyBytes is the longest ordering key, in bytes.
 	MaxKeyBytes int
-	// KeyUTF8 requires keys to be valid UTF-8.
+	// KeyUTF8 requires keys to be valid UTF-8. The portable rule requires
+	// it of every backend (Validate checks it regardless); drivers set it
+	// to say so.
 	KeyUTF8 bool
 	// MaxPayloadBytes is the largest payload, in bytes.
 	MaxPayloadBytes int

@@ -845,6 +845,9 @@ func exactBytesAndKnowableLimits(f *fixture) {
 		mu.Lock()
 		defer mu.Unlock()
 		got[d.ID] = d.Message
+		if d.Subscription == "" || strings.Contains(d.Subscription, "://") {
+			f.t.Errorf("Delivery.Subscription = %q, want the subscription's name", d.Subscription)
+		}
 		return nil
 	})
 	want := len(valid) + after
