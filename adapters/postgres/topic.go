@@ -86,6 +86,11 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if len(ms) == 0 {
 		return nil
 	}
+	for _, m := range ms {
+		if err := checkMessage(m); err != nil {
+			return err
+		}
+	}
 	return t.s.insert(ctx, t.s.pool, t.id, nil, ms, t.notifyChannel())
 }
 
@@ -119,8 +124,9 @@ func (t *Topic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Messag
 	return t.s.insert(ctx, tx, t.id, nil, dms, t.notifyChannel())
 }
 
-// checkMessage applies the portable validation to a message about to be
-// stored, whichever path it came by.
+// checkMessage applies the portable validation to a message a caller of
+// SendBatch hands in (PublishTx validates through adapters.Prepare; a
+// redrive re-inserts what was stored, which was valid when it was stored).
 func checkMessage(m *adapters.Message) error { return adapters.Validate(limits, m) }
 
 // notifyChannel returns the channel to NOTIFY inside this publish's
@@ -150,9 +156,6 @@ func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *i
 	}
 	heads := map[string]*keyReady{}
 	for i, m := range ms {
-		if err := checkMessage(m); err != nil {
-			return err
-		}
 		ids[i], keys[i], payloads[i] = m.ID, m.Key, m.Payload
 		if payloads[i] == nil {
 			payloads[i] = []byte{}
