@@ -21,4 +21,22 @@
 // Delivery is at least once. A handler returns nil to acknowledge, an error
 // to retry with backoff, RetryAfter(err, d) to retry not before d, or
 // Permanent(err) to dead-letter the message at once.
+//
+// # Keys and headers
+//
+// One rule holds on every backend, checked before anything is sent: keys
+// and message IDs are valid UTF-8 without NUL; header names are non-empty
+// valid UTF-8 without NUL and do not start with "keyorder-" (reserved for
+// drivers' attributes); header values are valid UTF-8 without NUL and may
+// be empty. Payloads are any bytes. A backend may narrow the rule with
+// stated limits (adapters.Limits), never widen it, and never changes a byte
+// of what it accepted. A message that breaks the rule or a limit fails
+// with a *LimitError and pauses nothing.
+//
+// # Errors
+//
+// Every error of the portable API matches one of this package's sentinels
+// with errors.Is, or is the context's error, and Code reads its ErrorCode,
+// as gocloud's gcerrors.Code does. Broker errors are *Error values carrying
+// the driver's classification.
 package keyorder

@@ -1,6 +1,7 @@
 package keyorder
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -29,13 +30,32 @@ var (
 	ErrUnsupported = errors.New("keyorder: not supported by this backend")
 	// ErrInvalidConfig: a configuration value is out of range.
 	ErrInvalidConfig = errors.New("keyorder: invalid configuration")
+
+	// The sentinels of backend error codes: a *Error matches the one of its
+	// Code (CodeNotFound matches ErrNotFound, CodeInvalidArgument
+	// ErrInvalidMessage, CodeUnimplemented ErrUnsupported, CodeCanceled
+	// context.Canceled, CodeDeadlineExceeded context.DeadlineExceeded).
+
+	// ErrUnavailable: the broker is unreachable or failed transiently.
+	ErrUnavailable = errors.New("keyorder: backend unavailable")
+	// ErrFailedPrecondition: the broker's state does not allow the
+	// operation (a subscription created with another ordering, say).
+	ErrFailedPrecondition = errors.New("keyorder: failed precondition")
+	// ErrResourceExhausted: a quota or throughput limit of the broker.
+	ErrResourceExhausted = errors.New("keyorder: resource exhausted")
+	// ErrPermissionDenied: the credentials do not allow the operation.
+	ErrPermissionDenied = errors.New("keyorder: permission denied")
+	// ErrBackend: a backend error the driver could not classify
+	// (CodeUnknown).
+	ErrBackend = errors.New("keyorder: backend error")
 )
 
 // LimitError reports a message that breaks a backend limit. It matches
 // ErrInvalidMessage.
 type LimitError struct {
-	// Limit names the limit: "key length", "key characters", "payload size",
-	// "payload empty", "header size".
+	// Limit names the limit: "key length", "key is not valid UTF-8",
+	// "payload size", "empty payload", "header count", "header bytes",
+	// "encoded size ..." (SQS), or the rule a header breaks.
 	Limit string
 	// Max is the limit's value (bytes or characters), 0 if not numeric.
 	Max int
@@ -134,26 +154,95 @@ const (
 	CodeFailedPrecondition
 	CodeResourceExhausted
 	CodePermissionDenied
+	CodeUnimplemented
+	CodeDeadlineExceeded
 )
 
+var codeNames = [...]string{
+	CodeUnknown:            "Unknown",
+	CodeNotFound:           "NotFound",
+	CodeInvalidArgument:    "InvalidArgument",
+	CodeUnavailable:        "Unavailable",
+	CodeCanceled:           "Canceled",
+	CodeFailedPrecondition: "FailedPrecondition",
+	CodeResourceExhausted:  "ResourceExhausted",
+	CodePermissionDenied:   "PermissionDenied",
+	CodeUnimplemented:      "Unimplemented",
+	CodeDeadlineExceeded:   "DeadlineExceeded",
+}
+
+// String returns the code's name ("NotFound").
+func (c ErrorCode) String() string {
+	if c >= 0 && int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("ErrorCode(%d)", int(c))
+}
+
+// Code returns the code of an error returned by keyorder's portable API,
+// like gocloud's gcerrors.Code: the Code of a *Error in its chain, else the
+// code of the sentinel it matches (ErrInvalidMessage, ErrMissingKey,
+// ErrBadURL, ErrUnknownScheme and ErrInvalidConfig are CodeInvalidArgument;
+// ErrKeyPaused and ErrClosed CodeFailedPrecondition; ErrNotFound
+// CodeNotFound; ErrUnsupported CodeUnimplemented), CodeCanceled and
+// CodeDeadlineExceeded for the context's errors, and CodeUnknown for nil
+// and anything else.
+func Code(err error) ErrorCode {
+	if err == nil {
+		return CodeUnknown
+	}
+	// A paused key unwraps to the error that paused it: the pause is what
+	// this call failed on.
+	if errors.Is(err, ErrKeyPaused) || errors.Is(err, ErrClosed) {
+		return CodeFailedPrecondition
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	for _, sc := range sentinelCodes {
+		if errors.Is(err, sc.err) {
+			return sc.code
+		}
+	}
+	return CodeUnknown
+}
+
+var sentinelCodes = []struct {
+	err  error
+	code ErrorCode
+}{
+	{ErrInvalidMessage, CodeInvalidArgument},
+	{ErrMissingKey, CodeInvalidArgument},
+	{ErrBadURL, CodeInvalidArgument},
+	{ErrUnknownScheme, CodeInvalidArgument},
+	{ErrInvalidConfig, CodeInvalidArgument},
+	{ErrNotFound, CodeNotFound},
+	{ErrUnsupported, CodeUnimplemented},
+	{ErrUnavailable, CodeUnavailable},
+	{ErrFailedPrecondition, CodeFailedPrecondition},
+	{ErrResourceExhausted, CodeResourceExhausted},
+	{ErrPermissionDenied, CodePermissionDenied},
+	{context.Canceled, CodeCanceled},
+	{context.DeadlineExceeded, CodeDeadlineExceeded},
+}
+
 // Error is a backend error wrapped once by the portable layer. It unwraps to
-// both the driver's error (errors.As with the SDK's types works) and a
-// sentinel for its code (errors.Is(err, ErrNotFound)).
+// both the driver's error (errors.As with the SDK's types works) and the
+// sentinel of its code (errors.Is(err, ErrNotFound)); every code has one, so
+// every backend error matches a keyorder sentinel.
 type Error struct {
 	Code ErrorCode
 	Op   string
 	Err  error
 }
 
-// Error implements error.
-func (e *Error) Error() string { return fmt.Sprintf("keyorder: %s: %v", e.Op, e.Err) }
-
 // Unwrap returns the driver error and the code's sentinel, if any.
-func (e *Error) Unwrap() []error {
-	if s := sentinelFor(e.Code); s != nil {
-		return []error{e.Err, s}
-	}
-	return []error{e.Err}
+func (e *Error) Unwrap() []error { return []error{e.Err, sentinelFor(e.Code)} }
+
+// Error implements error.
+func (e *Error) Error() string {
+	return fmt.Sprintf("keyorder: %s: %s: %v", e.Op, e.Code, e.Err)
 }
 
 func sentinelFor(c ErrorCode) error {
@@ -162,6 +251,20 @@ func sentinelFor(c ErrorCode) error {
 		return ErrNotFound
 	case CodeInvalidArgument:
 		return ErrInvalidMessage
+	case CodeUnavailable:
+		return ErrUnavailable
+	case CodeCanceled:
+		return context.Canceled
+	case CodeFailedPrecondition:
+		return ErrFailedPrecondition
+	case CodeResourceExhausted:
+		return ErrResourceExhausted
+	case CodePermissionDenied:
+		return ErrPermissionDenied
+	case CodeUnimplemented:
+		return ErrUnsupported
+	case CodeDeadlineExceeded:
+		return context.DeadlineExceeded
 	}
-	return nil
+	return ErrBackend
 }

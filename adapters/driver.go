@@ -65,14 +65,19 @@ type Message struct {
 	PublishTime time.Time
 }
 
-// Limits are a backend's constraints on messages. The portable publisher
-// checks them before anything is sent. Zero values mean "no limit".
+// Limits are a backend's constraints on messages: everything a backend
+// would reject that is knowable before sending. The portable publisher (and
+// every other publishing path, through Validate) checks them before
+// anything is sent, so a message the backend cannot store fails with a
+// *keyorder.LimitError and pauses nothing. Zero values mean "no limit".
 type Limits struct {
 	// Backend names the backend in errors ("pubsub", "sqs", ...).
 	Backend string
 	// MaxKeyBytes is the longest ordering key, in bytes.
 	MaxKeyBytes int
-	// KeyUTF8 requires keys to be valid UTF-8.
+	// KeyUTF8 requires keys to be valid UTF-8. The portable rule requires
+	// it of every backend (Validate checks it regardless); drivers set it
+	// to say so.
 	KeyUTF8 bool
 	// MaxPayloadBytes is the largest payload, in bytes.
 	MaxPayloadBytes int
@@ -82,6 +87,24 @@ type Limits struct {
 	MaxBatchMessages int
 	// MaxBatchBytes is the most payload bytes one SendBatch call may carry.
 	MaxBatchBytes int
+	// MaxHeaders is the most headers one message may carry.
+	MaxHeaders int
+	// MaxHeaderNameBytes is the longest header name, in bytes.
+	MaxHeaderNameBytes int
+	// MaxHeaderValueBytes is the longest header value, in bytes.
+	MaxHeaderValueBytes int
+	// MaxHeaderBytes is the most bytes of all header names and values of
+	// one message together.
+	MaxHeaderBytes int
+	// Check, when set, applies the backend's own rules to a message that
+	// passed every other check: the encoded size (SQS counts the base64 of
+	// a binary payload and every attribute toward its message limit),
+	// header names the broker reserves or cannot carry. A non-nil result is
+	// returned as a *keyorder.LimitError (Check may return one itself, to
+	// name the limit and its figures). It must be the very check the
+	// driver's SendBatch applies, so that SendBatch never rejects for a
+	// knowable reason a message Validate accepted.
+	Check func(m *Message) error
 }
 
 // Topic is the publishing side of a driver.
@@ -191,4 +214,12 @@ type DeadLetterStore interface {
 	// subscription, after everything that arrived meanwhile, with a fresh
 	// attempt count. It returns how many were redriven.
 	Redrive(ctx context.Context, ids []string) (int, error)
+}
+
+// Namer is implemented by Subscription drivers that know the name of their
+// subscription. subscribe puts it in keyorder.Delivery.Subscription; it is
+// never a URL, so no secret of the URL reaches a handler or its logs.
+type Namer interface {
+	// Name returns the subscription's name as the application gave it.
+	Name() string
 }

@@ -2,9 +2,11 @@ package adapters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/keyorder/keyorder"
@@ -100,9 +102,13 @@ func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	o, ok := m.topics[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
 	}
-	return o.OpenTopicURL(ctx, u)
+	t, err := o.OpenTopicURL(ctx, u)
+	if err != nil {
+		return nil, WrapError("open", err, codeOf(o))
+	}
+	return t, nil
 }
 
 // OpenSubscription opens the Subscription driver for urlstr.
@@ -115,14 +121,54 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 	o, ok := m.subs[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
 	}
-	return o.OpenSubscriptionURL(ctx, u)
+	sub, err := o.OpenSubscriptionURL(ctx, u)
+	if err != nil {
+		return nil, WrapError("open", err, codeOf(o))
+	}
+	return sub, nil
+}
+
+// ErrorCoder is implemented by URL openers that classify the broker errors
+// they return (each driver's ErrorCode), so that the mux returns them as
+// *keyorder.Error with the right code.
+type ErrorCoder interface {
+	ErrorCode(err error) keyorder.ErrorCode
+}
+
+func codeOf(o any) func(error) keyorder.ErrorCode {
+	if c, ok := o.(ErrorCoder); ok {
+		return c.ErrorCode
+	}
+	return nil
+}
+
+// WrapError returns err as the portable API returns errors: unchanged when
+// it already matches a keyorder sentinel (a *keyorder.Error, an ErrBadURL,
+// ...) or is the context's error, else as a *keyorder.Error for op with the
+// code classify gives it (CodeUnknown when classify is nil). So every error
+// of the portable API matches a keyorder sentinel and carries a code
+// keyorder.Code reads.
+func WrapError(op string, err error, classify func(error) keyorder.ErrorCode) error {
+	if err == nil {
+		return nil
+	}
+	var ke *keyorder.Error
+	if errors.As(err, &ke) || keyorder.Code(err) != keyorder.CodeUnknown {
+		return err
+	}
+	code := keyorder.CodeUnknown
+	if classify != nil {
+		code = classify(err)
+	}
+	return &keyorder.Error{Code: code, Op: op, Err: err}
 }
 
 // URLError reports a URL that cannot be opened. It unwraps to the cause,
 // which matches keyorder.ErrBadURL or keyorder.ErrUnknownScheme.
 type URLError struct {
+	// URL is the URL as Redact shows it: never a password or other secret.
 	URL string
 	Err error
 }
@@ -133,20 +179,26 @@ func (e *URLError) Error() string { return fmt.Sprintf("keyorder: open %q: %v", 
 // Unwrap returns the cause.
 func (e *URLError) Unwrap() error { return e.Err }
 
-// ParseURL parses urlstr and requires a scheme.
+// ParseURL parses urlstr and requires a scheme. It rejects a fragment (no
+// opener reads one, so it would be silently dropped). Its errors never echo
+// the URL when it cannot be parsed: only its scheme.
 func ParseURL(urlstr string) (*url.URL, error) {
 	u, err := url.Parse(urlstr)
 	if err != nil {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
+		why := "cannot be parsed as a URL"
+		var ue *url.Error
+		if errors.As(err, &ue) && !strings.ContainsAny(ue.Err.Error(), "\"'`") {
+			// A fixed message ("missing protocol scheme"), quoting nothing
+			// of the URL.
+			why += ": " + ue.Err.Error()
+		}
+		return nil, &URLError{URL: redactRaw(urlstr), Err: fmt.Errorf("%w: %s", keyorder.ErrBadURL, why)}
 	}
 	if u.Scheme == "" {
-		return nil, &URLError{URL: urlstr, Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+	}
+	if u.Fragment != "" || strings.Contains(urlstr, "#") {
+		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: a fragment (#...) is not allowed", keyorder.ErrBadURL)}
 	}
 	return u, nil
-}
-
-// BadParam returns the error an opener gives for an invalid or unknown query
-// parameter; it matches keyorder.ErrBadURL.
-func BadParam(u *url.URL, param, why string) error {
-	return &URLError{URL: u.String(), Err: fmt.Errorf("%w: parameter %q: %s", keyorder.ErrBadURL, param, why)}
 }

@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
@@ -55,6 +58,7 @@ var cases = []testCase{
 	{"PanicCountsAsFailedAttempt", Spec{Ordering: policy.Ordered}, panicHoldsKey},
 	{"PublishFailurePausesKey", Spec{Ordering: policy.Ordered}, publishFailurePausesKey},
 	{"BadInput", Spec{Ordering: policy.Ordered}, badInput},
+	{"ExactBytesAndKnowableLimits", Spec{Ordering: policy.Ordered}, exactBytesAndKnowableLimits},
 	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
@@ -786,5 +790,124 @@ func shutdownWhileHeld(f *fixture) {
 	}
 	if n := first.sub.Stats().DeadLettered.Load() + second.sub.Stats().DeadLettered.Load(); n != 0 {
 		f.t.Fatalf("%d messages dead-lettered", n)
+	}
+}
+
+// exactBytesAndKnowableLimits: what the backend accepts arrives byte for
+// byte (binary and invalid-UTF-8 payloads, control characters, non-ASCII
+// keys and header values), and a message it would refuse for a reason
+// knowable before sending fails in Publish with a LimitError, sends
+// nothing and does not pause its key: the key's next valid message is sent.
+func exactBytesAndKnowableLimits(f *fixture) {
+	p := f.publisher(nil)
+	lim := p.Limits()
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	valid := []*keyorder.Message{
+		{ID: "v1", Key: "K", Payload: all, Headers: map[string]string{"x-ctl": "tab\t cr\r lf\n ctl\x01\x1f del\x7f", "x-empty": "", "x-uni": "ünï ✓ 😀 \u2028 \ufffd"}},
+		{ID: "v2", Key: "K", Payload: []byte("\xff\xfe\x00 not UTF-8 \xc3\x28")},
+		{ID: "v3", Key: "K", Payload: []byte("line1\r\nline2\rline3\n  trailing  ")},
+		{ID: "v4", Key: "ключ 😀 with spaces/and:colons", Payload: []byte("{\"json\": \"\\u0000\"}")},
+		{ID: "v5", Key: strings.Repeat("é", 60), Payload: []byte("x")},
+	}
+	type bad struct {
+		what string
+		m    *keyorder.Message
+	}
+	bads := []bad{
+		{"NUL in a header value", &keyorder.Message{Headers: map[string]string{"x-a": "a\x00b"}}},
+		{"invalid UTF-8 in a header value", &keyorder.Message{Headers: map[string]string{"x-a": "\xff"}}},
+		{"reserved header name", &keyorder.Message{Headers: map[string]string{"keyorder-id": "forged"}}},
+		{"NUL in the key", &keyorder.Message{Key: "K\x00"}},
+		{"invalid UTF-8 in the ID", &keyorder.Message{ID: "id-\xd1"}},
+	}
+	if lim.MaxHeaders > 0 {
+		h := map[string]string{}
+		for i := range lim.MaxHeaders + 1 {
+			h[fmt.Sprintf("x-h%d", i)] = "v"
+		}
+		bads = append(bads, bad{"one header over the limit", &keyorder.Message{Headers: h}})
+	}
+	if lim.MaxHeaderValueBytes > 0 {
+		bads = append(bads, bad{"header value over the limit", &keyorder.Message{Headers: map[string]string{"x-a": strings.Repeat("v", lim.MaxHeaderValueBytes+1)}}})
+	}
+	if lim.MaxPayloadBytes > 0 {
+		// Within MaxPayloadBytes, but a backend that encodes binary
+		// payloads (SQS: base64) may refuse it: then it must be a
+		// LimitError before sending, like the rest.
+		payload := slices.Repeat([]byte{0xff}, lim.MaxPayloadBytes)
+		if adapters.Validate(lim, &adapters.Message{Key: "K", Payload: payload}) != nil {
+			bads = append(bads, bad{"binary payload over the encoded size", &keyorder.Message{Payload: payload}})
+		}
+	}
+	after := 0
+	for _, b := range bads {
+		m := b.m
+		if m.Key == "" {
+			m.Key = "K"
+		}
+		if m.Payload == nil {
+			m.Payload = []byte("bad")
+		}
+		var le *keyorder.LimitError
+		if err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
+			f.t.Errorf("%s: Publish = %v, want a LimitError", b.what, err)
+		}
+		after++
+		next := &keyorder.Message{ID: fmt.Sprintf("after%d", after), Key: "K", Payload: []byte("after")}
+		if err := p.Publish(f.ctx, next); err != nil {
+			f.t.Errorf("next valid message after %s: %v (the key was paused)", b.what, err)
+		}
+	}
+	for _, m := range valid {
+		if err := p.Publish(f.ctx, m); err != nil {
+			f.t.Fatalf("publish %s: %v", m.ID, err)
+		}
+	}
+	if got := p.Paused(); len(got) != 0 {
+		f.t.Errorf("paused keys %v", got)
+	}
+	var mu sync.Mutex
+	got := map[string]keyorder.Message{}
+	f.subscribe(nil, func(_ context.Context, d *keyorder.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[d.ID] = d.Message
+		if d.Subscription == "" || strings.Contains(d.Subscription, "://") {
+			f.t.Errorf("Delivery.Subscription = %q, want the subscription's name", d.Subscription)
+		}
+		return nil
+	})
+	want := len(valid) + after
+	f.waitFor(40, "every valid message handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= want
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range valid {
+		d, ok := got[m.ID]
+		if !ok {
+			f.t.Errorf("%s not delivered", m.ID)
+			continue
+		}
+		wantH := maps.Clone(m.Headers)
+		if wantH == nil {
+			wantH = map[string]string{}
+		}
+		wantH[keyorder.HeaderPartitionKey] = m.Key
+		if d.Key != m.Key || !bytes.Equal(d.Payload, m.Payload) || !maps.Equal(d.Headers, wantH) {
+			f.t.Errorf("%s changed in transit:\n sent key %q payload %q headers %q\n got  key %q payload %q headers %q",
+				m.ID, m.Key, m.Payload, wantH, d.Key, d.Payload, d.Headers)
+		}
+	}
+	for id := range got {
+		if strings.HasPrefix(id, "after") || slices.ContainsFunc(valid, func(m *keyorder.Message) bool { return m.ID == id }) {
+			continue
+		}
+		f.t.Errorf("unexpected delivery %q: a rejected message was sent", id)
 	}
 }

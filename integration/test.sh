@@ -5,8 +5,11 @@
 # Extra arguments go to `go test`, e.g. ./integration/test.sh -run TestPulsar -v
 # Packages run one at a time (-p 1): the real-server suites measure time in
 # units of 250ms and two of them at once on 2 cores made them flaky.
+# After the tests, integration/fuzz.sh runs each fuzz target for a few
+# seconds (no server needed; about a minute in all).
 # Environment: KEYORDER_TEST_PACKAGES (default ./...), KEYORDER_MVN_ARGS
-# (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep").
+# (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep"),
+# KEYORDER_FUZZTIME (per fuzz target, default 4s; 0 skips fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +17,9 @@ cd "$(dirname "$0")/.."
 # SIGTERM from CI) reach the launcher directly and it stops the servers.
 mkdir -p .testenv/bin
 go build -o .testenv/bin/testenv ./integration/cmd/testenv
+# The fuzz targets run after the tests and inside the launcher, so that one
+# exit status covers both: the tests' failure wins, a fuzz failure fails too.
 # shellcheck disable=SC2086 # TESTENV_FLAGS and KEYORDER_TEST_PACKAGES are word lists
 exec .testenv/bin/testenv run ${TESTENV_FLAGS:-} -- \
-	go test -race -count=1 -p 1 ${KEYORDER_TEST_PACKAGES:-./...} "$@"
+	bash -c 'go test -race -count=1 -p 1 "$@"; rc=$?; ./integration/fuzz.sh || rc=1; exit $rc' keyorder-tests \
+	${KEYORDER_TEST_PACKAGES:-./...} "$@"

@@ -36,9 +36,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unicode/utf8"
-
-	"github.com/google/uuid"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -230,47 +227,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) er
 	return p.enqueue(ctx, ams)
 }
 
-// prepare resolves the key, validates and converts m.
+// prepare resolves the key, validates and converts m, exactly as every
+// other publishing path does (adapters.Prepare).
 func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
-	}
-	key := m.Key
-	if key == "" {
-		key = m.Headers[keyorder.HeaderPartitionKey]
-	}
-	if key == "" {
-		key = p.cfg.Key
-	}
-	if key == "" && p.cfg.MissingKey == policy.Reject {
-		return nil, keyorder.ErrMissingKey
-	}
-	lim := p.limits
-	if lim.MaxKeyBytes > 0 && len(key) > lim.MaxKeyBytes {
-		return nil, &keyorder.LimitError{Limit: "key length", Max: lim.MaxKeyBytes, Got: len(key), Backend: lim.Backend}
-	}
-	if lim.KeyUTF8 && !utf8.ValidString(key) {
-		return nil, &keyorder.LimitError{Limit: "key is not valid UTF-8", Backend: lim.Backend}
-	}
-	if lim.PayloadRequired && len(m.Payload) == 0 {
-		return nil, &keyorder.LimitError{Limit: "empty payload", Backend: lim.Backend}
-	}
-	if lim.MaxPayloadBytes > 0 && len(m.Payload) > lim.MaxPayloadBytes {
-		return nil, &keyorder.LimitError{Limit: "payload size", Max: lim.MaxPayloadBytes, Got: len(m.Payload), Backend: lim.Backend}
-	}
-	if m.ID == "" {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, err
-		}
-		m.ID = id.String()
-	}
-	var headers map[string]string
-	if len(m.Headers) > 0 {
-		headers = maps.Clone(m.Headers)
-		delete(headers, keyorder.HeaderPartitionKey)
-	}
-	return &adapters.Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}, nil
+	return adapters.Prepare(m, p.cfg.Key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
 // enqueue queues ms behind their keys' in-flight batches and waits.

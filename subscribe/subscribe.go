@@ -264,7 +264,13 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) 
 		drv.Close()
 		return nil, err
 	}
-	s.name = urlstr
+	if s.name == "" {
+		// A driver that does not know its name: the URL, never with its
+		// secrets.
+		if u, err := adapters.ParseURL(urlstr); err == nil {
+			s.name = adapters.Redact(u)
+		}
+	}
 	return s, nil
 }
 
@@ -300,6 +306,9 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		s.caps.MaxBatch = 1
 	}
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	if n, ok := drv.(adapters.Namer); ok {
+		s.name = n.Name()
+	}
 	return s, nil
 }
 
@@ -1056,7 +1065,8 @@ func (s *Subscriber) DeadLetters(ctx context.Context, limit int) ([]adapters.Dea
 	if !ok {
 		return nil, fmt.Errorf("dead letters: %w", keyorder.ErrUnsupported)
 	}
-	return st.DeadLetters(ctx, limit)
+	dls, err := st.DeadLetters(ctx, limit)
+	return dls, adapters.WrapError("dead letters", err, s.drv.ErrorCode)
 }
 
 // Redrive puts dead letters back on the subscription, after everything that
@@ -1066,7 +1076,8 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("redrive: %w", keyorder.ErrUnsupported)
 	}
-	return st.Redrive(ctx, ids)
+	n, err := st.Redrive(ctx, ids)
+	return n, adapters.WrapError("redrive", err, s.drv.ErrorCode)
 }
 
 // noteSet remembers a value for each of the last n IDs put.

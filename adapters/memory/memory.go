@@ -505,22 +505,37 @@ func init() {
 // DefaultBroker returns the broker that mem:// URLs open.
 func DefaultBroker() *Broker { return defaultOpener.Broker }
 
+// topicName returns the topic a mem:// URL names: its host followed by its
+// path, as written. A URL without a host (mem:/, mem:topic, mem:///x) names
+// no topic.
+func topicName(u *url.URL) (string, error) {
+	if u.Host == "" || u.Opaque != "" || u.User != nil {
+		return "", adapters.BadURL(u, "missing topic name (want mem://topic)")
+	}
+	return u.Host + u.Path, nil
+}
+
 // OpenTopicURL opens mem://topic.
 func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic, error) {
-	name := u.Host + u.Path
-	if name == "" {
-		return nil, adapters.BadParam(u, "host", "missing topic name (mem://topic)")
+	name, err := topicName(u)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, err
 	}
 	var cfg TopicConfig
-	for p, vs := range u.Query() {
+	for _, kv := range ps {
+		p, v := kv.Name, kv.Value
 		if p == "payload" {
-			if vs[0] != "required" && vs[0] != "optional" {
+			if v != "required" && v != "optional" {
 				return nil, adapters.BadParam(u, p, "want required or optional")
 			}
-			cfg.PayloadRequired = vs[0] == "required"
+			cfg.PayloadRequired = v == "required"
 			continue
 		}
-		n, err := strconv.Atoi(vs[0])
+		n, err := strconv.Atoi(v)
 		switch {
 		case p != "maxkey" && p != "maxpayload":
 			return nil, adapters.BadParam(u, p, "unknown parameter")
@@ -539,14 +554,18 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 // OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
 // subscription if it does not exist.
 func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters.Subscription, error) {
-	topicName := u.Host + u.Path
-	if topicName == "" {
-		return nil, adapters.BadParam(u, "host", "missing topic name (mem://topic?subscription=name)")
+	topicName, err := topicName(u)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, err
 	}
 	cfg := SubscriptionConfig{Ordering: policy.Ordered}
 	var name string
-	for p, vs := range u.Query() {
-		v := vs[0]
+	for _, kv := range ps {
+		p, v := kv.Name, kv.Value
 		var err error
 		switch p {
 		case "subscription":
@@ -593,3 +612,9 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters
 	}
 	return o.Broker.OpenSubscription(name)
 }
+
+// Name returns the subscription's name (adapters.Namer).
+func (d *Subscription) Name() string { return d.s.name }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -25,9 +25,11 @@
 // notify_debounce, missing_key. The connection parameters sslmode,
 // sslrootcert, sslcert, sslkey, sslpassword, connect_timeout,
 // application_name, target_session_attrs and pool_* go to pgx; any other
-// parameter is rejected with keyorder.ErrBadURL. A Topic or Subscription
-// opened from a URL owns its pool; the typed constructors (OpenTopic,
-// OpenSubscription, NewAdmin) take the application's *pgxpool.Pool.
+// parameter is rejected with keyorder.ErrBadURL (a password goes in the
+// userinfo, never in ?password=; errors show it redacted). A Topic or
+// Subscription opened from a URL owns its pool; the typed constructors
+// (OpenTopic, OpenSubscription, NewAdmin) take the application's
+// *pgxpool.Pool.
 //
 // # Ordering
 //

@@ -2,14 +2,10 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,8 +18,10 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Limits of the postgres backend. Keys are btree-indexed text (no NUL byte);
-// bodies are bytea.
+// Limits of the postgres backend. Keys are btree-indexed text and headers
+// jsonb: neither can hold NUL, and jsonb would replace invalid UTF-8, which
+// the portable rule (adapters.Validate) rejects before anything is stored.
+// Bodies are bytea and carry any bytes.
 var limits = adapters.Limits{
 	Backend:          "postgres",
 	MaxKeyBytes:      1024,
@@ -88,14 +86,22 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if len(ms) == 0 {
 		return nil
 	}
+	for _, m := range ms {
+		if err := checkMessage(m); err != nil {
+			return err
+		}
+	}
 	return t.s.insert(ctx, t.s.pool, t.id, nil, ms, t.notifyChannel())
 }
 
 // PublishTx enqueues ms inside the caller's transaction: they become
 // visible to consumers exactly when tx commits, and vanish if it rolls back
-// (the outbox pattern). An empty ID gets a UUIDv7; an empty Key is taken from
-// the keyorder.HeaderPartitionKey header; a message with neither is rejected
-// with keyorder.ErrMissingKey unless Options.MissingKey is Unordered.
+// (the outbox pattern). Messages are validated exactly as
+// publish.Publisher validates them (adapters.Prepare): an empty ID gets a
+// UUIDv7; an empty Key is taken from the keyorder.HeaderPartitionKey header;
+// a message with neither is rejected with keyorder.ErrMissingKey unless
+// Options.MissingKey is Unordered; a message over a limit fails with a
+// *keyorder.LimitError. Nothing is inserted unless every message is valid.
 //
 // Until tx ends, the heads of the keys it published are locked: consumers
 // skip those keys and acknowledgements of them wait. Keep such transactions
@@ -106,26 +112,8 @@ func (t *Topic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Messag
 	}
 	dms := make([]*adapters.Message, 0, len(ms))
 	for _, m := range ms {
-		dm := &adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, NotBefore: m.NotBefore}
-		if dm.ID == "" {
-			dm.ID = newUUIDv7()
-		}
-		if len(m.Headers) > 0 {
-			dm.Headers = make(map[string]string, len(m.Headers))
-			for k, v := range m.Headers {
-				if k == keyorder.HeaderPartitionKey {
-					if dm.Key == "" {
-						dm.Key = v
-					}
-					continue
-				}
-				dm.Headers[k] = v
-			}
-		}
-		if dm.Key == "" && t.opts.MissingKey != policy.Unordered {
-			return keyorder.ErrMissingKey
-		}
-		if err := checkMessage(dm); err != nil {
+		dm, err := adapters.Prepare(m, "", t.opts.MissingKey != policy.Unordered, limits)
+		if err != nil {
 			return err
 		}
 		dms = append(dms, dm)
@@ -136,17 +124,10 @@ func (t *Topic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Messag
 	return t.s.insert(ctx, tx, t.id, nil, dms, t.notifyChannel())
 }
 
-func checkMessage(m *adapters.Message) error {
-	switch {
-	case len(m.Key) > limits.MaxKeyBytes:
-		return &keyorder.LimitError{Limit: "key length", Max: limits.MaxKeyBytes, Got: len(m.Key), Backend: limits.Backend}
-	case strings.IndexByte(m.Key, 0) >= 0:
-		return &keyorder.LimitError{Limit: "key characters", Backend: limits.Backend}
-	case len(m.Payload) > limits.MaxPayloadBytes:
-		return &keyorder.LimitError{Limit: "payload size", Max: limits.MaxPayloadBytes, Got: len(m.Payload), Backend: limits.Backend}
-	}
-	return nil
-}
+// checkMessage applies the portable validation to a message a caller of
+// SendBatch hands in (PublishTx validates through adapters.Prepare; a
+// redrive re-inserts what was stored, which was valid when it was stored).
+func checkMessage(m *adapters.Message) error { return adapters.Validate(limits, m) }
 
 // notifyChannel returns the channel to NOTIFY inside this publish's
 // transaction, or "" when a notification went out less than the debounce
@@ -175,9 +156,6 @@ func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *i
 	}
 	heads := map[string]*keyReady{}
 	for i, m := range ms {
-		if err := checkMessage(m); err != nil {
-			return err
-		}
 		ids[i], keys[i], payloads[i] = m.ID, m.Key, m.Payload
 		if payloads[i] == nil {
 			payloads[i] = []byte{}
@@ -321,27 +299,4 @@ func (n *notifier) flush() {
 	if t != nil && t.Stop() {
 		n.fire()
 	}
-}
-
-// newUUIDv7 returns a random UUID of version 7 (time-ordered).
-func newUUIDv7() string {
-	var u [16]byte
-	_, _ = rand.Read(u[:])
-	ms := uint64(time.Now().UnixMilli())
-	var ts [8]byte
-	binary.BigEndian.PutUint64(ts[:], ms)
-	copy(u[:6], ts[2:])
-	u[6] = u[6]&0x0f | 0x70
-	u[8] = u[8]&0x3f | 0x80
-	var buf [36]byte
-	hex.Encode(buf[0:8], u[0:4])
-	buf[8] = '-'
-	hex.Encode(buf[9:13], u[4:6])
-	buf[13] = '-'
-	hex.Encode(buf[14:18], u[6:8])
-	buf[18] = '-'
-	hex.Encode(buf[19:23], u[8:10])
-	buf[23] = '-'
-	hex.Encode(buf[24:], u[10:])
-	return string(buf[:])
 }

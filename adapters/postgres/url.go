@@ -2,12 +2,14 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -55,9 +57,9 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if topic == "" {
 		return nil, adapters.BadParam(u, paramTopic, "is required")
 	}
-	pool, err := pgxpool.New(ctx, conn)
+	pool, err := newPool(ctx, u, conn)
 	if err != nil {
-		return nil, &adapters.URLError{URL: u.Redacted(), Err: err}
+		return nil, err
 	}
 	t, err := OpenTopic(ctx, pool, topic, opts)
 	if err != nil {
@@ -81,9 +83,9 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if sub == "" {
 		return nil, adapters.BadParam(u, paramSub, "is required")
 	}
-	pool, err := pgxpool.New(ctx, conn)
+	pool, err := newPool(ctx, u, conn)
 	if err != nil {
-		return nil, &adapters.URLError{URL: u.Redacted(), Err: err}
+		return nil, err
 	}
 	s, err := OpenSubscription(ctx, pool, topic, sub, opts)
 	if err != nil {
@@ -102,13 +104,13 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 	if c.Subscription != nil {
 		so = *c.Subscription
 	}
-	q := u.Query()
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, "", "", "", err
+	}
 	pass := url.Values{}
-	for name, vals := range q {
-		if len(vals) != 1 {
-			return nil, "", "", "", adapters.BadParam(u, name, "given more than once")
-		}
-		v := vals[0]
+	for _, kv := range ps {
+		name, v := kv.Name, kv.Value
 		var perr error
 		switch name {
 		case paramTopic:
@@ -152,14 +154,46 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 		if perr != nil {
 			return nil, "", "", "", adapters.BadParam(u, name, perr.Error())
 		}
+		if adapters.IsSensitiveParam(name) && name != "sslpassword" {
+			// Only sslpassword is a secret pgx reads from the query; a
+			// password belongs in the userinfo (pgx would also read
+			// ?password=, but keyorder passes on only connParams).
+			return nil, "", "", "", adapters.BadParam(u, name, "unknown parameter (put the password in the userinfo: postgres://user:password@host/db)")
+		}
 	}
 	c.Subscription = &so
 	opts = c.WithDefaults()
 	if err := opts.validate(); err != nil {
-		return nil, "", "", "", &adapters.URLError{URL: u.Redacted(), Err: err}
+		return nil, "", "", "", &adapters.URLError{URL: adapters.Redact(u), Err: err}
 	}
 	cu := *u
 	cu.Scheme = Scheme
 	cu.RawQuery = pass.Encode()
 	return opts, topic, sub, cu.String(), nil
 }
+
+// poolConfig parses the connection string the URL leaves for pgx. Its error
+// carries the redacted URL and no text of pgx's, which may quote the
+// connection string.
+func poolConfig(u *url.URL, conn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(conn)
+	if err != nil {
+		return nil, adapters.BadURL(u, "not a valid PostgreSQL connection URL")
+	}
+	return cfg, nil
+}
+
+func newPool(ctx context.Context, u *url.URL, conn string) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(u, conn)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, &adapters.URLError{URL: adapters.Redact(u), Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
+	}
+	return pool, nil
+}
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }

@@ -388,7 +388,10 @@ func init() {
 }
 
 func projectAndTopic(u *url.URL) (string, string, error) {
-	project, topic := u.Host, strings.Trim(u.Path, "/")
+	project, topic := u.Host, strings.TrimPrefix(u.Path, "/")
+	if u.User != nil || u.Opaque != "" || u.Port() != "" {
+		return "", "", adapters.BadURL(u, "want pubsub://project/topic")
+	}
 	if project == "" {
 		return "", "", adapters.BadParam(u, "host", "missing project (pubsub://project/topic)")
 	}
@@ -398,14 +401,27 @@ func projectAndTopic(u *url.URL) (string, string, error) {
 	return project, topic, nil
 }
 
+// parseTopicURL reads pubsub://project/topic, which takes no parameter.
+func parseTopicURL(u *url.URL) (project, topic string, err error) {
+	project, topic, err = projectAndTopic(u)
+	if err != nil {
+		return "", "", err
+	}
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return "", "", err
+	}
+	for _, p := range ps {
+		return "", "", adapters.BadParam(u, p.Name, "unknown parameter (a topic URL takes none)")
+	}
+	return project, topic, nil
+}
+
 // OpenTopicURL opens pubsub://project/topic, creating the topic if needed.
 func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
-	project, topic, err := projectAndTopic(u)
+	project, topic, err := parseTopicURL(u)
 	if err != nil {
 		return nil, err
-	}
-	for p := range u.Query() {
-		return nil, adapters.BadParam(u, p, "unknown parameter (a topic URL takes none)")
 	}
 	client, err := gpubsub.NewClient(ctx, project)
 	if err != nil {
@@ -431,8 +447,12 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 		return
 	}
 	opts.Ordering = policy.Ordered
-	for p, vs := range u.Query() {
-		v := vs[0]
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return
+	}
+	for _, kv := range ps {
+		p, v := kv.Name, kv.Value
 		var perr error
 		switch p {
 		case "subscription":
@@ -504,3 +524,6 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	s.ownClient = true
 	return s, nil
 }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -79,7 +79,7 @@ func TestURLOpenerCreatesAndKeepsOrdering(t *testing.T) {
 	}
 	again.Close()
 	_, err = adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=parallel")
-	if !errors.Is(err, pubsub.ErrOrderingMismatch) || drv.ErrorCode(err) != keyorder.CodeFailedPrecondition {
+	if !errors.Is(err, pubsub.ErrOrderingMismatch) || !errors.Is(err, keyorder.ErrFailedPrecondition) || keyorder.Code(err) != keyorder.CodeFailedPrecondition {
 		t.Fatalf("reopen with parallel = %v, want ErrOrderingMismatch", err)
 	}
 

@@ -562,3 +562,6 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	}
 	return n, nil
 }
+
+// Name returns the subscription's ID (adapters.Namer).
+func (s *Subscription) Name() string { return shortID(s.name) }

@@ -117,7 +117,26 @@ func (t *Topic) Limits() adapters.Limits {
 		KeyUTF8:          true,
 		MaxPayloadBytes:  MaxPayloadBytes,
 		MaxBatchMessages: MaxBatchMessages,
+		// Pub/Sub allows 100 attributes (the driver uses 2), names of 256
+		// bytes and values of 1024, and reserves names starting with goog.
+		MaxHeaders:          MaxAttributes - 2,
+		MaxHeaderNameBytes:  256,
+		MaxHeaderValueBytes: 1024,
+		Check:               checkHeaders,
 	}
+}
+
+// MaxAttributes is the most attributes of one Pub/Sub message.
+const MaxAttributes = 100
+
+// checkHeaders rejects header names Pub/Sub reserves.
+func checkHeaders(m *adapters.Message) error {
+	for k := range m.Headers {
+		if strings.HasPrefix(strings.ToLower(k), "goog") {
+			return fmt.Errorf("header name %q: Pub/Sub reserves the goog prefix", k)
+		}
+	}
+	return nil
 }
 
 // IsRetryable reports whether err is a transient gRPC status (Unavailable,

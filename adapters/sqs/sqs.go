@@ -139,7 +139,9 @@
 // SQS accepts) is sent as is; any other payload is sent base64-encoded with
 // the attribute keyorder-encoding=base64 and decoded on receive. SQS bodies
 // cannot be empty (Limits.PayloadRequired). Headers travel as String
-// message attributes; SQS allows 10 attributes per message, of which the
+// message attributes (Binary when the value holds a character SQS text
+// excludes, so every value arrives byte for byte); names are limited to
+// SQS's attribute-name alphabet (A-Z a-z 0-9 - _ .). SQS allows 10 attributes per message, of which the
 // driver uses up to 5 on the queue and 6 in the dead-letter queue, so a
 // message may carry at most 4 headers (MaxHeaders).
 package sqs
@@ -206,10 +208,16 @@ const (
 	// encoding) and a few small headers: 8 KiB.
 	AttributeRoom = 8 * 1024
 	// MaxPayloadBytes is the largest payload the publisher accepts:
-	// 262,144 - 8,192 = 253,952 bytes. A payload that is not SQS text is
-	// sent base64-encoded and must then fit too (up to 190,464 bytes); the
-	// driver rejects a message whose encoded size exceeds MaxMessageBytes
-	// before anything of its batch is sent.
+	// 262,144 - 8,192 = 253,952 bytes of SQS text. What is enforced on top
+	// is the encoded size: the body as sent plus every attribute's name,
+	// data type and value (the driver's included) must fit in
+	// MaxMessageBytes. A payload that is not SQS text is sent
+	// base64-encoded, 4/3 its size, so a binary payload fits up to about
+	// 196,500 bytes with a UUID ID, a short key and no headers (the exact
+	// figure depends on the attributes; TestBinaryPayloadLimit measures
+	// it). publish checks the encoded size before sending (Limits.Check)
+	// and rejects a message over it with a *keyorder.LimitError naming
+	// "encoded size"; nothing is sent and the key is not paused.
 	MaxPayloadBytes = MaxMessageBytes - AttributeRoom
 	// MaxKeyBytes is the longest ordering key accepted (it travels in an
 	// attribute; longer than 128 characters it maps to a digest group).
@@ -313,9 +321,13 @@ func groupAlphabet(c byte) bool {
 }
 
 // GroupID returns the MessageGroupId a key maps to: the key itself when it
-// is 1 to 128 characters of SQS's alphabet, else "h-" + base64url(sha256).
+// is 1 to 128 characters of SQS's alphabet and does not start with "h-" or
+// "m-", else "h-" + base64url(sha256(key)). The two forms never meet: a key
+// that looks like a digest ("h-...") or like a keyless message's group
+// ("m-...") is itself hashed, so no two keys share a group (short of a
+// SHA-256 collision) and no key shares a keyless message's group.
 func GroupID(key string) string {
-	if len(key) > 0 && len(key) <= 128 {
+	if len(key) > 0 && len(key) <= 128 && !strings.HasPrefix(key, "h-") && !strings.HasPrefix(key, "m-") {
 		ok := true
 		for i := 0; i < len(key); i++ {
 			if !groupAlphabet(key[i]) {
@@ -532,14 +544,18 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 		c.region = "us-east-1"
 	}
 	c.opts.Ordering = policy.Ordered
-	if c.queue == "" || (u.Path != "" && u.Path != "/") {
+	if c.queue == "" || (u.Path != "" && u.Path != "/") || u.User != nil || u.Opaque != "" {
 		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
 	}
 	if _, err := deadQueueName(c.queue); err != nil {
 		return nil, adapters.BadParam(u, "host", err.Error())
 	}
-	for p, vs := range u.Query() {
-		v := vs[0]
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range ps {
+		p, v := kv.Name, kv.Value
 		var perr error
 		switch p {
 		case "endpoint":
@@ -627,3 +643,6 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 func queueNameOf(queueURL string) string {
 	return queueURL[strings.LastIndexByte(queueURL, '/')+1:]
 }
+
+// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -290,7 +290,7 @@ func TestURLOpenAndOrderingMismatch(t *testing.T) {
 		t.Fatalf("capabilities %+v", c)
 	}
 	_, err = adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=ordered")
-	if !errors.Is(err, sqs.ErrOrderingMismatch) || sub.ErrorCode(err) != keyorder.CodeFailedPrecondition {
+	if !errors.Is(err, sqs.ErrOrderingMismatch) || !errors.Is(err, keyorder.ErrFailedPrecondition) || keyorder.Code(err) != keyorder.CodeFailedPrecondition {
 		t.Fatalf("ordering mismatch: %v", err)
 	}
 	client, _ := newClient(t)

@@ -715,3 +715,7 @@ func (s *Subscription) Close() error {
 	s.mu.Unlock()
 	return nil
 }
+
+// Name returns the queue's name, which is the subscription's
+// (adapters.Namer).
+func (s *Subscription) Name() string { return queueNameOf(s.queueURL) }

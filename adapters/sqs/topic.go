@@ -1,9 +1,11 @@
 package sqs
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -52,9 +54,17 @@ func randomID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
+// emptyValue is how an empty header value travels: SQS refuses empty
+// attribute values, and a single NUL byte is no value the portable rule
+// lets a header have.
+var emptyValue = []byte{0}
+
 // stringAttr returns s as a String attribute, or as a Binary one when it is
-// not SQS text.
+// not SQS text (or empty: emptyValue).
 func stringAttr(s string) types.MessageAttributeValue {
+	if s == "" {
+		return types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: emptyValue}
+	}
 	if sqsText(s) {
 		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
 	}
@@ -64,6 +74,9 @@ func stringAttr(s string) types.MessageAttributeValue {
 func attrString(v types.MessageAttributeValue) string {
 	if v.StringValue != nil {
 		return *v.StringValue
+	}
+	if bytes.Equal(v.BinaryValue, emptyValue) {
+		return ""
 	}
 	return string(v.BinaryValue)
 }
@@ -134,7 +147,8 @@ func encode(m *adapters.Message, ordering policy.Ordering) (*encoded, error) {
 		e.attrs[AttrEncoding] = stringAttr("base64")
 	}
 	if n := e.size(); n > MaxMessageBytes {
-		return nil, fmt.Errorf("%w: message size %d bytes (body as sent plus attributes) exceeds SQS's %d", errBadMessage, n, MaxMessageBytes)
+		return nil, fmt.Errorf("%w: %w", errBadMessage, &keyorder.LimitError{
+			Limit: "encoded size (body as sent, base64 for a binary payload, plus attributes)", Max: MaxMessageBytes, Got: n, Backend: "sqs"})
 	}
 	return e, nil
 }
@@ -219,13 +233,30 @@ func batchError(op string, failed []types.BatchResultErrorEntry) error {
 // Limits returns SQS's limits as the driver applies them.
 func (t *Topic) Limits() adapters.Limits {
 	return adapters.Limits{
-		Backend:          "sqs",
-		MaxKeyBytes:      MaxKeyBytes,
-		KeyUTF8:          true,
-		MaxPayloadBytes:  MaxPayloadBytes,
-		PayloadRequired:  true,
-		MaxBatchMessages: MaxBatchMessages,
+		Backend:            "sqs",
+		MaxKeyBytes:        MaxKeyBytes,
+		KeyUTF8:            true,
+		MaxPayloadBytes:    MaxPayloadBytes,
+		PayloadRequired:    true,
+		MaxBatchMessages:   MaxBatchMessages,
+		MaxHeaders:         MaxHeaders,
+		MaxHeaderNameBytes: 256,
+		Check:              checkEncode,
 	}
+}
+
+// checkEncode is encode's verdict on m, for adapters.Validate: the same
+// checks SendBatch applies, run before anything is sent.
+func checkEncode(m *adapters.Message) error {
+	_, err := encode(m, policy.Ordered)
+	if err == nil {
+		return nil
+	}
+	var le *keyorder.LimitError
+	if errors.As(err, &le) {
+		return le
+	}
+	return errors.New(strings.TrimPrefix(err.Error(), errBadMessage.Error()+": "))
 }
 
 // IsRetryable reports whether err is transient (throttling, 5xx, network).

@@ -1,0 +1,145 @@
+package adapters
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/keyorder/keyorder"
+)
+
+// The portable rule for keys and headers, the same on every backend (see
+// keyorder's package documentation):
+//
+//   - an ordering key and a message ID are valid UTF-8 without NUL (U+0000);
+//   - a header name is non-empty valid UTF-8 without NUL and does not start
+//     with "keyorder-", which drivers reserve for their own attributes;
+//   - a header value is valid UTF-8 without NUL (it may be empty).
+//
+// Backends narrow it through Limits (lengths, counts, SQS's attribute-name
+// alphabet), never widen it, so what one backend accepts the others accept
+// too unless a stated limit says otherwise; and what a backend accepts
+// arrives byte for byte.
+
+// ReservedHeaderPrefix starts the header names drivers reserve for their
+// own attributes.
+const ReservedHeaderPrefix = "keyorder-"
+
+// Prepare resolves m's ordering key (Message.Key, then the partition-key
+// header, then defaultKey), rejects a keyless message with
+// keyorder.ErrMissingKey when rejectMissing is set, gives m a UUIDv7 ID when
+// it has none, and converts and validates it against lim with Validate. It
+// is the one validation every publishing path shares (publish.Publisher,
+// the PostgreSQL outbox's PublishTx), so they accept and reject exactly the
+// same messages.
+func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Limits) (*Message, error) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
+	}
+	key := m.Key
+	if key == "" {
+		key = m.Headers[keyorder.HeaderPartitionKey]
+	}
+	if key == "" {
+		key = defaultKey
+	}
+	if key == "" && rejectMissing {
+		return nil, keyorder.ErrMissingKey
+	}
+	var headers map[string]string
+	if len(m.Headers) > 0 {
+		headers = maps.Clone(m.Headers)
+		delete(headers, keyorder.HeaderPartitionKey)
+		if len(headers) == 0 {
+			headers = nil
+		}
+	}
+	am := &Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
+	if err := Validate(lim, am); err != nil {
+		return nil, err
+	}
+	if m.ID == "" {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, &keyorder.Error{Code: keyorder.CodeUnavailable, Op: "publish: message ID", Err: err}
+		}
+		m.ID = id.String()
+		am.ID = m.ID
+	}
+	return am, nil
+}
+
+// Validate checks a driver message against the portable key and header rule
+// and lim, and returns a *keyorder.LimitError (matching
+// keyorder.ErrInvalidMessage) naming the first limit m breaks. An empty ID
+// is checked as a 36-byte UUID, the ID Prepare gives it.
+func Validate(lim Limits, m *Message) error {
+	b := lim.Backend
+	if lim.MaxKeyBytes > 0 && len(m.Key) > lim.MaxKeyBytes {
+		return &keyorder.LimitError{Limit: "key length", Max: lim.MaxKeyBytes, Got: len(m.Key), Backend: b}
+	}
+	if !utf8.ValidString(m.Key) {
+		return &keyorder.LimitError{Limit: "key is not valid UTF-8", Backend: b}
+	}
+	if strings.IndexByte(m.Key, 0) >= 0 {
+		return &keyorder.LimitError{Limit: "key contains NUL", Backend: b}
+	}
+	if !utf8.ValidString(m.ID) {
+		return &keyorder.LimitError{Limit: "ID is not valid UTF-8", Backend: b}
+	}
+	if strings.IndexByte(m.ID, 0) >= 0 {
+		return &keyorder.LimitError{Limit: "ID contains NUL", Backend: b}
+	}
+	if lim.PayloadRequired && len(m.Payload) == 0 {
+		return &keyorder.LimitError{Limit: "empty payload", Backend: b}
+	}
+	if lim.MaxPayloadBytes > 0 && len(m.Payload) > lim.MaxPayloadBytes {
+		return &keyorder.LimitError{Limit: "payload size", Max: lim.MaxPayloadBytes, Got: len(m.Payload), Backend: b}
+	}
+	if lim.MaxHeaders > 0 && len(m.Headers) > lim.MaxHeaders {
+		return &keyorder.LimitError{Limit: "header count", Max: lim.MaxHeaders, Got: len(m.Headers), Backend: b}
+	}
+	total := 0
+	for k, v := range m.Headers {
+		switch {
+		case k == "":
+			return &keyorder.LimitError{Limit: "header name is empty", Backend: b}
+		case !utf8.ValidString(k):
+			return &keyorder.LimitError{Limit: "header name is not valid UTF-8", Backend: b}
+		case strings.IndexByte(k, 0) >= 0:
+			return &keyorder.LimitError{Limit: fmt.Sprintf("header name %q contains NUL", k), Backend: b}
+		case strings.HasPrefix(strings.ToLower(k), ReservedHeaderPrefix):
+			return &keyorder.LimitError{Limit: fmt.Sprintf("header name %q: the %s prefix is reserved for drivers", k, ReservedHeaderPrefix), Backend: b}
+		case !utf8.ValidString(v):
+			return &keyorder.LimitError{Limit: fmt.Sprintf("header %q value is not valid UTF-8", k), Backend: b}
+		case strings.IndexByte(v, 0) >= 0:
+			return &keyorder.LimitError{Limit: fmt.Sprintf("header %q value contains NUL", k), Backend: b}
+		case lim.MaxHeaderNameBytes > 0 && len(k) > lim.MaxHeaderNameBytes:
+			return &keyorder.LimitError{Limit: "header name length", Max: lim.MaxHeaderNameBytes, Got: len(k), Backend: b}
+		case lim.MaxHeaderValueBytes > 0 && len(v) > lim.MaxHeaderValueBytes:
+			return &keyorder.LimitError{Limit: fmt.Sprintf("header %q value length", k), Max: lim.MaxHeaderValueBytes, Got: len(v), Backend: b}
+		}
+		total += len(k) + len(v)
+	}
+	if lim.MaxHeaderBytes > 0 && total > lim.MaxHeaderBytes {
+		return &keyorder.LimitError{Limit: "header bytes", Max: lim.MaxHeaderBytes, Got: total, Backend: b}
+	}
+	if lim.Check != nil {
+		c := m
+		if m.ID == "" {
+			cm := *m
+			cm.ID = "00000000-0000-7000-8000-000000000000"
+			c = &cm
+		}
+		if err := lim.Check(c); err != nil {
+			if le, ok := err.(*keyorder.LimitError); ok {
+				return le
+			}
+			return &keyorder.LimitError{Limit: err.Error(), Backend: b}
+		}
+	}
+	return nil
+}

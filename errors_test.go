@@ -1,0 +1,118 @@
+package keyorder_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+func TestErrorCodeString(t *testing.T) {
+	for c, want := range map[keyorder.ErrorCode]string{
+		keyorder.CodeUnknown: "Unknown", keyorder.CodeNotFound: "NotFound",
+		keyorder.CodeFailedPrecondition: "FailedPrecondition", keyorder.CodeDeadlineExceeded: "DeadlineExceeded",
+		keyorder.ErrorCode(99): "ErrorCode(99)",
+	} {
+		if got := c.String(); got != want {
+			t.Errorf("%d.String() = %q, want %q", int(c), got, want)
+		}
+	}
+	// Every code's *Error matches a keyorder sentinel (or the context's
+	// error) and reads back its code.
+	for c := keyorder.CodeUnknown; c <= keyorder.CodeDeadlineExceeded; c++ {
+		err := &keyorder.Error{Code: c, Op: "x", Err: errors.New("driver")}
+		if keyorder.Code(err) != c {
+			t.Errorf("Code(*Error{%v}) = %v", c, keyorder.Code(err))
+		}
+		if len(err.Unwrap()) != 2 {
+			t.Errorf("*Error{%v} has no sentinel", c)
+		}
+	}
+}
+
+// TestPortableErrorsHaveCodes: each error the portable API returns, on the
+// memory backend, matches a keyorder sentinel and carries the code its docs
+// promise.
+func TestPortableErrorsHaveCodes(t *testing.T) {
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	check := func(name string, err error, sentinel error, code keyorder.ErrorCode) {
+		t.Helper()
+		if !errors.Is(err, sentinel) || keyorder.Code(err) != code {
+			t.Errorf("%s: %v (code %v), want %v with %v", name, err, keyorder.Code(err), sentinel, code)
+		}
+	}
+	_, err := publish.Open(ctx, "mem://t?bogus=1", nil)
+	check("publish.Open bad parameter", err, keyorder.ErrBadURL, keyorder.CodeInvalidArgument)
+	_, err = publish.Open(ctx, "nope://t", nil)
+	check("publish.Open unknown scheme", err, keyorder.ErrUnknownScheme, keyorder.CodeInvalidArgument)
+	_, err = publish.Open(ctx, "mem://t", &publish.Config{MaxBatch: -1})
+	check("publish.Open bad config", err, keyorder.ErrInvalidConfig, keyorder.CodeInvalidArgument)
+
+	if _, err := subscribe.Open(ctx, "mem://codes?subscription=s&ordering=ordered", nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = subscribe.Open(ctx, "mem://codes?subscription=s&ordering=parallel", nil)
+	check("subscribe.Open other ordering", err, keyorder.ErrFailedPrecondition, keyorder.CodeFailedPrecondition)
+
+	b := memory.NewBroker()
+	b.CreateTopic("t", &memory.TopicConfig{MaxKeyBytes: 4})
+	pub, err := publish.New(b.OpenTopic("t"), &publish.Config{Logger: quiet, SendRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pub.Publish(ctx, &keyorder.Message{Payload: []byte("x")})
+	check("Publish no key", err, keyorder.ErrMissingKey, keyorder.CodeInvalidArgument)
+	err = pub.Publish(ctx, &keyorder.Message{Key: "too-long", Payload: []byte("x")})
+	check("Publish key too long", err, keyorder.ErrInvalidMessage, keyorder.CodeInvalidArgument)
+	b.FailSends("t", func([]*adapters.Message) error { return errors.New("boom") })
+	err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
+	check("Publish broker failure", err, keyorder.ErrBackend, keyorder.CodeUnknown)
+	b.FailSends("t", func([]*adapters.Message) error { return memory.Transient })
+	err = pub.Publish(ctx, &keyorder.Message{Key: "k2", Payload: []byte("x")})
+	check("Publish transient failure", err, keyorder.ErrUnavailable, keyorder.CodeUnavailable)
+	b.FailSends("t", nil)
+	err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
+	check("Publish paused key", err, keyorder.ErrKeyPaused, keyorder.CodeFailedPrecondition)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	err = pub.Publish(cctx, &keyorder.Message{Key: "k3", Payload: []byte("x")})
+	check("Publish canceled", err, context.Canceled, keyorder.CodeCanceled)
+	pub.Close(ctx)
+	err = pub.Publish(ctx, &keyorder.Message{Key: "k3", Payload: []byte("x")})
+	check("Publish closed", err, keyorder.ErrClosed, keyorder.CodeFailedPrecondition)
+
+	if err := b.CreateSubscription("t", "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	drv, err := b.OpenSubscription("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := subscribe.New(drv, &subscribe.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sub.Run(ctx, nil)
+	check("Run nil handler", err, keyorder.ErrInvalidConfig, keyorder.CodeInvalidArgument)
+	sub2, err := subscribe.New(struct{ adapters.Subscription }{drv}, &subscribe.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sub2.DeadLetters(ctx, 10)
+	check("DeadLetters unsupported", err, keyorder.ErrUnsupported, keyorder.CodeUnimplemented)
+	_, err = sub2.Redrive(ctx, []string{"x"})
+	check("Redrive unsupported", err, keyorder.ErrUnsupported, keyorder.CodeUnimplemented)
+	drv.Close()
+	_, err = sub.DeadLetters(ctx, 10)
+	if err != nil {
+		check("DeadLetters closed", err, keyorder.ErrBackend, keyorder.CodeUnknown)
+	}
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every native Go fuzz target of the repository for a short bounded time
+# (KEYORDER_FUZZTIME per target, default 4s; 0 skips them). The committed
+# corpus (testdata/fuzz/...) also runs as plain tests in every `go test`.
+# `go test -fuzz` takes one package and one target at a time, hence the loop.
+# Each target prints one line, "fuzz: TARGET PKG: passed", so that
+# .ci/run's count of `ok` package lines stays the count of packages; a
+# failure prints go test's output (with the input it wrote to testdata/fuzz)
+# and "FAIL fuzz TARGET PKG".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+fuzztime=${KEYORDER_FUZZTIME:-4s}
+if [ "$fuzztime" = 0 ]; then
+	exit 0
+fi
+rc=0
+while read -r pkg target; do
+	if out=$(go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" 2>&1); then
+		echo "fuzz: $target $pkg: passed ($fuzztime)"
+	else
+		echo "$out" | grep -v '^ok ' | tail -40
+		echo "FAIL fuzz $target $pkg"
+		rc=1
+	fi
+done <<'TARGETS'
+./adapters/memory FuzzURL
+./adapters/postgres FuzzURL
+./adapters/pubsub FuzzURL
+./adapters/pubsub FuzzEncodeDecode
+./adapters/sqs FuzzURL
+./adapters/sqs FuzzGroupID
+./adapters/sqs FuzzEncodeDecode
+TARGETS
+exit $rc
