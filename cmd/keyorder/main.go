@@ -43,6 +43,7 @@ import (
 	"syscall"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
 	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
@@ -185,17 +186,6 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 	return pos[0], nil
 }
 
-// secretParam reports whether a query parameter may hold a secret.
-func secretParam(name string) bool {
-	n := strings.ToLower(name)
-	for _, s := range []string{"password", "passwd", "secret", "token", "credential", "access_key", "accesskey"} {
-		if strings.Contains(n, s) {
-			return true
-		}
-	}
-	return false
-}
-
 // addSecrets records raw's password and secret-looking query values, so
 // clean removes them from anything printed.
 func (c *cli) addSecrets(raw string) {
@@ -209,7 +199,7 @@ func (c *cli) addSecrets(raw string) {
 		c.secrets = append(c.secrets, p, url.QueryEscape(p), url.PathEscape(p))
 	}
 	for k, vs := range u.Query() {
-		if secretParam(k) {
+		if adapters.IsSensitiveParam(k) {
 			for _, v := range vs {
 				if v != "" {
 					c.secrets = append(c.secrets, v, url.QueryEscape(v))
