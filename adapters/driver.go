@@ -208,7 +208,8 @@ type DeadLetter struct {
 // DeadLetterStore is implemented by subscriptions whose backend keeps dead
 // letters where they can be listed and redriven.
 type DeadLetterStore interface {
-	// DeadLetters lists up to limit dead letters, oldest first.
+	// DeadLetters lists up to limit dead letters, oldest first; limit <= 0
+	// lists them all.
 	DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
 	// Redrive puts the dead letters with these message IDs back on the
 	// subscription, after everything that arrived meanwhile, with a fresh

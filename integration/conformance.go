@@ -356,6 +356,10 @@ func deadLetterThenContinue(f *fixture) {
 	if err != nil || len(dl) != 1 || dl[0].Attempts != 3 || !strings.Contains(dl[0].Reason, "attempt 3 failed") {
 		f.t.Fatalf("dead letters = %+v, %v; want a1 with 3 attempts and the last error", dl, err)
 	}
+	// A limit of 0 lists them all (adapters.DeadLetterStore), on every backend.
+	if all, err := r.sub.DeadLetters(f.ctx, 0); err != nil || len(all) != 1 || all[0].Message.ID != dl[0].Message.ID {
+		f.t.Fatalf("DeadLetters(ctx, 0) = %+v, %v; want every dead letter (a1)", all, err)
+	}
 }
 
 func redriveOrder(f *fixture) {

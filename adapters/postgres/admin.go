@@ -185,7 +185,7 @@ func (a *Admin) DeadLetters(ctx context.Context, topic, sub string, limit int) (
 func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]adapters.DeadLetter, error) {
 	rows, err := s.pool.Query(ctx, s.sql(`
 		SELECT msg_id, msg_key, payload, headers, published_at, reason, attempts, dead_at
-		FROM {{schema}}.dead_letters WHERE sub_id = $1 ORDER BY dead_at, id LIMIT $2`), subID, limit)
+		FROM {{schema}}.dead_letters WHERE sub_id = $1 ORDER BY dead_at, id LIMIT $2`), subID, sqlLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: dead letters: %w", err)
 	}
@@ -300,7 +300,7 @@ func (s *store) heldKeys(ctx context.Context, subID int32, limit int) ([]HeldKey
 	rows, err := s.pool.Query(ctx, s.sql(`
 		SELECT msg_key, lease_token IS NOT NULL, claimable_at FROM {{schema}}.heads
 		WHERE sub_id = $1 AND claimable_at > now() AND claimable_at < 'infinity'
-		ORDER BY claimable_at LIMIT $2`), subID, limit)
+		ORDER BY claimable_at LIMIT $2`), subID, sqlLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: held keys: %w", err)
 	}
@@ -396,4 +396,13 @@ func decodeHeaders(b []byte) (map[string]string, error) {
 		return nil, fmt.Errorf("postgres: decode headers: %w", err)
 	}
 	return h, nil
+}
+
+// sqlLimit turns a listing limit into a LIMIT argument: limit <= 0 means
+// no limit (LIMIT NULL), as adapters.DeadLetterStore defines it.
+func sqlLimit(limit int) any {
+	if limit <= 0 {
+		return nil
+	}
+	return limit
 }
