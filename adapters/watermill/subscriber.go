@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -29,8 +30,12 @@ type SubscriberConfig struct {
 	// Group fills {group}. Required when URL holds {group}.
 	Group string
 	// Subscribe configures the keyorder subscriber opened per Subscribe call
-	// (workers, retry budget and backoff, logger). Its ShutdownTimeout is
-	// replaced by CloseTimeout. nil means defaults.
+	// (workers, retry budget and backoff, logger). Workers is how many
+	// messages (of different keys) may be handed to the router at once.
+	// Assign is replaced by lanes.Shared: a worker only hands a message to
+	// the router and waits for its settlement, so two keys must never wait
+	// behind each other on one lane. ShutdownTimeout is replaced by
+	// CloseTimeout. nil means defaults.
 	Subscribe *subscribe.Config
 	// CloseTimeout is how long closing a subscription waits for the
 	// messages already handed to the router to be acked or nacked; the rest
@@ -87,6 +92,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	// stops the keyorder subscriber at once: handlers still waiting for an
 	// ack see their context end and their messages go back unharmed.
 	sc.ShutdownTimeout = time.Nanosecond
+	sc.Assign = lanes.Shared
 	logger := sc.Logger
 	if logger == nil {
 		logger = slog.Default()
