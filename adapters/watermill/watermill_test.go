@@ -129,7 +129,6 @@ func TestTemplateErrors(t *testing.T) {
 	})
 }
 
-
 // Keys resolve as publish resolves them (the per-message key, then the key
 // function, then the mount site's key); deliveries carry the key in
 // partition-key and the keyorder ID as the UUID.
