@@ -85,7 +85,7 @@ var suiteBackends = []suiteBackend{
 				"poll", "100ms", "pool_max_conns", "4")
 			return u + "&topic={topic}", u + "&topic={topic}&subscription={group}"
 		},
-		features: withFeatures(func(f *tests.Features) { f.ForceShort = true }),
+		features: baseFeatures,
 		stress:   true,
 		retry:    suiteRetry,
 	},
