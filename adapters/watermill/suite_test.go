@@ -60,6 +60,10 @@ var baseFeatures = tests.Features{
 	ContextPreserved:                 false,
 }
 
+// short sizes the suite down (ForceShort) on the backends where its full
+// size costs minutes in CI; KEYORDER_WATERMILL_FULL=1 runs it full size.
+var short = os.Getenv("KEYORDER_WATERMILL_FULL") == ""
+
 func withFeatures(f func(*tests.Features)) tests.Features {
 	out := baseFeatures
 	f(&out)
@@ -96,7 +100,7 @@ var suiteBackends = []suiteBackend{
 			return "pubsub://keyorder-watermill/{topic}",
 				"pubsub://keyorder-watermill/{topic}?subscription={topic}-{group}&ordering=ordered"
 		},
-		features: withFeatures(func(f *tests.Features) { f.ForceShort = true }),
+		features: withFeatures(func(f *tests.Features) { f.ForceShort = short }),
 		retry:    suiteRetry,
 	},
 	{
@@ -109,7 +113,7 @@ var suiteBackends = []suiteBackend{
 		features: withFeatures(func(f *tests.Features) {
 			// One FIFO queue is one subscription: every consumer competes.
 			f.ConsumerGroups = false
-			f.ForceShort = true
+			f.ForceShort = short
 		}),
 		retry: suiteRetry,
 	},

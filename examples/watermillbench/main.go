@@ -1,0 +1,177 @@
+// Command watermillbench measures what keyorder costs a Watermill router,
+// side by side in one run: a router over gochannel (Watermill's in-memory
+// Pub/Sub) without and with keyorder's middleware, and a router over
+// keyorder's memory backend through keyorder's Subscriber. Every variant
+// handles the same N messages spread over a set of keys with a no-op
+// handler; a producer publishes them in batches while the router runs, and
+// the clock stops when the handler has seen all N. Variants run
+// interleaved for several rounds and the medians are compared:
+//
+//	go run ./examples/watermillbench
+//	go run ./examples/watermillbench -n 200000 -rounds 5 -keys 1000
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/keyorder/keyorder"
+	_ "github.com/keyorder/keyorder/adapters/memory"
+	wmk "github.com/keyorder/keyorder/adapters/watermill"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+var (
+	nMsgs    = flag.Int("n", 100_000, "messages per run")
+	rounds   = flag.Int("rounds", 5, "rounds per variant (medians are reported)")
+	nKeys    = flag.Int("keys", 1000, "distinct ordering keys")
+	batch    = flag.Int("batch", 100, "messages per Publish call")
+	nWorkers = flag.Int("workers", 64, "keyorder Subscriber workers and middleware workers")
+)
+
+type variant struct {
+	name string
+	run  func(run int) (time.Duration, error)
+}
+
+func main() {
+	flag.Parse()
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	variants := []variant{
+		{"router over gochannel", func(int) (time.Duration, error) { return gochannelRun(false) }},
+		{"router over gochannel + keyorder middleware", func(int) (time.Duration, error) { return gochannelRun(true) }},
+		{"router over keyorder memory (Subscriber)", keyorderRun},
+	}
+	results := make([][]float64, len(variants))
+	for r := range *rounds {
+		for i, v := range variants {
+			d, err := v.run(r)
+			if err != nil {
+				log.Fatalf("%s: %v", v.name, err)
+			}
+			results[i] = append(results[i], float64(*nMsgs)/d.Seconds())
+		}
+	}
+	fmt.Printf("%d messages over %d keys, no-op handler, batches of %d, %d rounds, GOMAXPROCS=%d, %s\n\n",
+		*nMsgs, *nKeys, *batch, *rounds, runtime.GOMAXPROCS(0), runtime.Version())
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "variant\tmedian msgs/s\tmin\tmax\tvs gochannel\t")
+	base := median(results[0])
+	for i, v := range variants {
+		m := median(results[i])
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t\n", v.name, m, slices.Min(results[i]), slices.Max(results[i]), m/base)
+	}
+	w.Flush()
+	mw := median(results[1]) / base
+	fmt.Printf("\nmiddleware cost: %.1f%% of router throughput (goal <= 20%%)\n", (1-mw)*100)
+	fmt.Printf("keyorder memory vs gochannel: %.2fx (goal >= 1.00)\n", median(results[2])/base)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// messages returns the run's messages, keyed round-robin.
+func messages() []*message.Message {
+	ms := make([]*message.Message, *nMsgs)
+	for i := range ms {
+		m := message.NewMessage(strconv.Itoa(i), []byte("x"))
+		m.Metadata.Set(keyorder.HeaderPartitionKey, "key-"+strconv.Itoa(i%*nKeys))
+		ms[i] = m
+	}
+	return ms
+}
+
+// measure runs a router consuming sub, publishes ms through pub and returns
+// the time until the handler has seen them all.
+func measure(pub message.Publisher, sub message.Subscriber, topic string, mws ...message.HandlerMiddleware) (time.Duration, error) {
+	ms := messages()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	router.AddMiddleware(mws...)
+	var seen atomic.Int64
+	all := make(chan struct{})
+	router.AddConsumerHandler("noop", topic, sub, func(*message.Message) error {
+		if seen.Add(1) == int64(len(ms)) {
+			close(all)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	<-router.Running()
+	runtime.GC()
+	start := time.Now()
+	go func() {
+		for i := 0; i < len(ms); i += *batch {
+			if err := pub.Publish(topic, ms[i:min(i+*batch, len(ms))]...); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}()
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		return 0, fmt.Errorf("only %d of %d handled in 5 minutes", seen.Load(), len(ms))
+	}
+	d := time.Since(start)
+	cancel()
+	return d, <-done
+}
+
+func gochannelRun(withMiddleware bool) (time.Duration, error) {
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer ps.Close()
+	if !withMiddleware {
+		return measure(ps, ps, "bench")
+	}
+	km, err := wmk.NewMiddleware(policy.Ordered, &wmk.MiddlewareConfig{Workers: *nWorkers})
+	if err != nil {
+		return 0, err
+	}
+	defer km.Close(context.Background())
+	return measure(ps, ps, "bench", km.Middleware)
+}
+
+func keyorderRun(run int) (time.Duration, error) {
+	topic := fmt.Sprintf("bench-%d", run)
+	pub, err := wmk.NewPublisher(wmk.PublisherConfig{URL: "mem://{topic}"})
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	sub, err := wmk.NewSubscriber(wmk.SubscriberConfig{
+		URL:       "mem://{topic}?subscription={topic}.{group}&ordering=ordered",
+		Group:     "bench",
+		Subscribe: &subscribe.Config{Workers: *nWorkers},
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close()
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		return 0, err
+	}
+	return measure(pub, sub, topic)
+}
