@@ -186,7 +186,8 @@ func run() error {
 	km.Close(context.Background())
 	poison.Close()
 
-	fmt.Printf("keyorder on a Watermill router, backend %s (opening balance %d)\n\n", tmpl, opening)
+	scheme, _, _ := strings.Cut(tmpl, ":") // the URL may hold a password: print its scheme only
+	fmt.Printf("keyorder on a Watermill router, backend %s (opening balance %d)\n\n", scheme, opening)
 	broken := false
 	for _, acct := range []string{"acct-42", "acct-7"} {
 		fmt.Printf("%-7s  %s\n", acct, strings.Join(l.history[acct], "  ->  "))
