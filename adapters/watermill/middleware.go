@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -49,6 +50,10 @@ type Middleware struct {
 	cfg      MiddlewareConfig
 	ordering policy.Ordering
 	pool     *lanes.Pool[*job]
+	// jobs recycles jobs and their channels, so the middleware does not
+	// allocate them per message. (Per Middleware, not global: a channel
+	// must not cross testing/synctest bubbles.)
+	jobs sync.Pool
 }
 
 // job is one message waiting in a lane, and its result.
@@ -58,7 +63,7 @@ type job struct {
 	attempt int
 	out     []*message.Message
 	err     error
-	done    chan struct{}
+	done    chan struct{} // buffered (1): signalled once per use, reused
 }
 
 // NewMiddleware returns a Middleware with the per-key policy ordering:
@@ -82,6 +87,7 @@ func NewMiddleware(ordering policy.Ordering, cfg *MiddlewareConfig) (*Middleware
 	}
 	c.Retry = c.Retry.WithDefaults()
 	m := &Middleware{cfg: c, ordering: ordering}
+	m.jobs.New = func() any { return &job{done: make(chan struct{}, 1)} }
 	pool, err := lanes.New(&lanes.Config{Workers: c.Workers, Assign: lanes.Shared, Ordering: ordering}, m.run)
 	if err != nil {
 		return nil, err
@@ -97,12 +103,18 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if key == "" && m.cfg.KeyFunc != nil {
 			key = m.cfg.KeyFunc(msg)
 		}
-		j := &job{h: h, msg: msg, attempt: 1, done: make(chan struct{})}
+		j := m.jobs.Get().(*job)
+		j.h, j.msg, j.attempt = h, msg, 1
 		if err := m.pool.Submit(msg.Context(), key, key != "", time.Time{}, j); err != nil {
+			j.h, j.msg = nil, nil
+			m.jobs.Put(j)
 			return nil, fmt.Errorf("keyorder middleware: %w", err)
 		}
 		<-j.done
-		return j.out, j.err
+		out, err := j.out, j.err
+		*j = job{done: j.done}
+		m.jobs.Put(j)
+		return out, err
 	}
 }
 
@@ -120,7 +132,7 @@ func (m *Middleware) run(ctx context.Context, key string, keyed bool, j *job) la
 		j.attempt++
 		return lanes.RetryAt(time.Now().Add(delay))
 	}
-	close(j.done)
+	j.done <- struct{}{}
 	return lanes.Done()
 }
 
@@ -146,7 +158,7 @@ func (m *Middleware) Close(ctx context.Context) error {
 	left, err := m.pool.Close(ctx)
 	for _, j := range left {
 		j.err = fmt.Errorf("keyorder middleware: %w", keyorder.ErrClosed)
-		close(j.done)
+		j.done <- struct{}{}
 	}
 	return err
 }
