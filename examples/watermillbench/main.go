@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -43,6 +44,8 @@ var (
 	nKeys    = flag.Int("keys", 1000, "distinct ordering keys")
 	batch    = flag.Int("batch", 100, "messages per Publish call")
 	nWorkers = flag.Int("workers", 64, "keyorder Subscriber workers and middleware workers")
+	only     = flag.Int("only", -1, "run only this variant (0, 1, 2), e.g. for -cpuprofile")
+	cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 )
 
 type variant struct {
@@ -69,6 +72,17 @@ func main() {
 		{"router over gochannel + keyorder middleware", func(int) (time.Duration, error) { return gochannelRun(true) }},
 		{"router over keyorder memory (Subscriber)", keyorderRun},
 	}
+	if *only >= 0 {
+		variants = variants[*only : *only+1]
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	results := make([][]float64, len(variants))
 	cpu := make([][]float64, len(variants))
 	for r := range *rounds {
@@ -92,6 +106,9 @@ func main() {
 		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t%.2f\t\n", v.name, m, slices.Min(results[i]), slices.Max(results[i]), m/base, c, c/cbase)
 	}
 	w.Flush()
+	if len(variants) < 3 {
+		return
+	}
 	fmt.Printf("\nmiddleware cost: %.1f%% of router throughput, %.1f%% more CPU per message (goal: <= 20%%)\n",
 		(1-median(results[1])/base)*100, (median(cpu[1])/cbase-1)*100)
 	fmt.Printf("keyorder memory vs gochannel: %.2fx throughput, %.2fx CPU per message (goal: throughput >= 1.00x)\n",
