@@ -150,6 +150,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -262,6 +263,10 @@ type Options struct {
 	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0
 	// (short polling).
 	WaitTime time.Duration
+	// Logger receives what the driver cannot return to a caller: a
+	// not-before hold or a put-back of messages the subscriber never saw
+	// that SQS refused. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 func (o *Options) withDefaults() Options {
@@ -280,6 +285,9 @@ func (o *Options) withDefaults() Options {
 		out.WaitTime = 0
 	}
 	out.WaitTime = min(ceilSeconds(out.WaitTime), 20*time.Second)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
 	return out
 }
 

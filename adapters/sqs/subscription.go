@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ type Subscription struct {
 	lease    time.Duration
 	wait     time.Duration
 	book     *book
+	log      *slog.Logger
 
 	oldestFirst bool
 
@@ -76,13 +78,14 @@ func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	return &Subscription{
 		client: client, queueURL: queueURL, deadName: dead,
 		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
-		book: bookFor(queueURL), oldestFirst: o.OldestFirst,
+		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
 	}, nil
 }
 
-// book counts, per SQS message ID, the receives of a message that were not
-// attempts (not-before holds and put-backs). It is shared by the drivers of
-// one queue in the process and remembers the last bookMax messages.
+// book counts, per SQS message ID, the put-backs this driver made of a
+// message received as its group's head (Release, OldestFirst's surplus):
+// receives that were not attempts and that no other process can tell from
+// one. It remembers the last bookMax messages.
 type book struct {
 	mu    sync.Mutex
 	n     map[string]int
@@ -91,13 +94,6 @@ type book struct {
 }
 
 const bookMax = 100_000
-
-var books sync.Map // queue URL -> *book
-
-func bookFor(queueURL string) *book {
-	b, _ := books.LoadOrStore(queueURL, &book{n: map[string]int{}})
-	return b.(*book)
-}
 
 func (b *book) add(id string) {
 	b.mu.Lock()
@@ -193,6 +189,7 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 			types.MessageSystemAttributeNameSentTimestamp,
 			types.MessageSystemAttributeNameMessageGroupId,
 			types.MessageSystemAttributeNameSequenceNumber,
+			types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp,
 		},
 		MessageAttributeNames: []string{"All"},
 	})
@@ -206,14 +203,18 @@ func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
 
 // admit decodes received messages, holds those whose not-before time is
 // more than a second away (and puts back their groups' later messages), and
-// returns the rest with each group's messages consecutive, in order.
+// returns the rest with each group's messages consecutive, in order. What it
+// cannot hand back (a failed hold or put-back) it logs: the messages then
+// stay in flight until their visibility timeout, holding their groups.
 func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
 	now := time.Now()
 	held := map[string]bool{}
+	seen := map[string]bool{}
 	var out, back []*adapters.Message
 	for i := range raw {
-		m := s.decode(&raw[i])
-		g := groupOf(m)
+		g := raw[i].Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		m := s.decode(&raw[i], seen[g])
+		seen[g] = true
 		switch {
 		case held[g]:
 			back = append(back, m)
@@ -223,22 +224,35 @@ func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
 			ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
 			// Holding it in flight holds its group. If the call fails, the
 			// message stays in flight for the lease and comes back then.
-			s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+			// The hold is not an attempt: decode recognises the receive
+			// as early by its ApproximateFirstReceiveTimestamp.
+			_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 				QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
 				VisibilityTimeout: seconds(time.Until(m.NotBefore)),
 			})
 			cancel()
-			s.book.add(d.sqsID)
+			if err != nil {
+				s.log.Warn("keyorder sqs: holding a message until its not-before time failed; it comes back after the visibility timeout",
+					"queue", s.queueURL, "id", m.ID, "err", err)
+			}
 		default:
 			out = append(out, m)
 		}
 	}
 	if len(back) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
-		s.Release(ctx, back)
-		cancel()
+		s.putBack(back, "behind a held message")
 	}
 	return groupOrder(out)
+}
+
+// putBack releases messages the subscriber never saw, logging a failure.
+func (s *Subscription) putBack(ms []*adapters.Message, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+	defer cancel()
+	if err := s.Release(ctx, ms); err != nil {
+		s.log.Warn("keyorder sqs: putting back received messages failed; they come back after the visibility timeout",
+			"queue", s.queueURL, "why", why, "count", len(ms), "err", err)
+	}
 }
 
 // groupOrder makes each group's messages consecutive (stable, groups in
@@ -312,15 +326,14 @@ func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
 		back = append(back, c.ms[take[i]:]...)
 	}
 	if len(back) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
-		s.Release(ctx, back)
-		cancel()
+		s.putBack(back, "surplus of an oldest-first receive")
 	}
 	return out
 }
 
-// decode converts a received message.
-func (s *Subscription) decode(rm *types.Message) *adapters.Message {
+// decode converts a received message. tail reports that an earlier message
+// of its group came in the same receive (see attempt).
+func (s *Subscription) decode(rm *types.Message, tail bool) *adapters.Message {
 	d := &delivery{
 		receipt: aws.ToString(rm.ReceiptHandle),
 		sqsID:   aws.ToString(rm.MessageId),
@@ -357,13 +370,53 @@ func (s *Subscription) decode(rm *types.Message) *adapters.Message {
 	if m.ID == "" {
 		m.ID = d.sqsID
 	}
-	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
-	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
-	m.Attempt = prior + max(n-s.book.get(d.sqsID), 1)
+	m.Attempt = s.attempt(rm, m, tail)
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)
 	}
 	return m
+}
+
+// attempt computes a received message's Message.Attempt: the attempts it
+// carries from before a requeue (keyorder-attempts), plus this one, plus the
+// earlier receives of this copy that were attempts. SQS counts every receive
+// (ApproximateReceiveCount) and keeps nothing else a process could write
+// without moving the message to the end of its group, so the earlier
+// receives that were not attempts are recognised from what the receive
+// itself shows:
+//
+//   - A tail under Ordered (an earlier message of its group came in the
+//     same receive): none of its earlier receives was an attempt. Each of
+//     them returned a prefix of the group, so it included that earlier
+//     message, which is still in the queue: it was neither acknowledged nor
+//     dead-lettered then, and under Ordered nothing behind an unsettled
+//     message runs. Those receives were put-backs behind a failed or held
+//     head, or the leases of a process that stopped or crashed while the
+//     head was unsettled (a lost lease counts for the head only).
+//   - A receive more than a second before the message's not-before time
+//     was a hold, never an attempt; the first receive's time is known
+//     (ApproximateFirstReceiveTimestamp).
+//   - The put-backs this driver made itself (its book).
+//
+// Every other earlier receive counts: a failed attempt (Nack), or a lost
+// lease of a message that may have been running. What stays uncounted by
+// this rule is a group head put back unrun by another process (a graceful
+// shutdown's pending messages, an OldestFirst surplus): see Delivery
+// semantics in the package documentation.
+func (s *Subscription) attempt(rm *types.Message, m *adapters.Message, tail bool) int {
+	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
+	if tail && s.ordering == policy.Ordered {
+		return prior + 1
+	}
+	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+	n -= s.book.get(m.AckID.(*delivery).sqsID)
+	if !m.NotBefore.IsZero() {
+		if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)], 10, 64); err == nil &&
+			m.NotBefore.Sub(time.UnixMilli(ms)) > time.Second {
+			n--
+		}
+	}
+	return prior + max(n, 1)
 }
 
 // Ack deletes messages with DeleteMessageBatch.
@@ -583,7 +636,7 @@ func (s *Subscription) scanDead(ctx context.Context, dq string, limit int) ([]de
 			break
 		}
 		for _, rm := range raw {
-			m := s.decode(&rm)
+			m := s.decode(&rm, false)
 			dm := deadMessage{rm: rm}
 			dm.dl.Message = *m
 			dm.dl.Message.AckID = nil
