@@ -218,27 +218,34 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	send(t, topic, "a1:A", "a2:A")
 	send(t, topic, "b1:B", "b2:B")
 	ms, names := receive(t, sub, 10, 5*time.Second)
-	if !slices.Equal(names, []string{"a1@1", "a2@1", "b1@1", "b2@1"}) {
-		t.Fatalf("received %v, want both chains", names)
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"a1@1", "b1@1"}) {
+		t.Fatalf("received %v, want the two group heads", names)
+	}
+	byName := map[string]*adapters.Message{}
+	for _, m := range ms {
+		byName[string(m.Payload)] = m
 	}
 	nacked := time.Now()
-	if err := sub.Nack(t.Context(), ms[0], 2*time.Second); err != nil {
+	if err := sub.Nack(t.Context(), byName["a1"], 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.Release(t.Context(), ms[1:]); err != nil {
+	if err := sub.Ack(t.Context(), []*adapters.Message{byName["b1"]}); err != nil {
 		t.Fatal(err)
 	}
-	// Group B comes back at once; group A is held.
-	_, names = receive(t, sub, 10, 3*time.Second)
-	if !slices.Equal(names, []string{"b1@1", "b2@1"}) {
-		t.Fatalf("while A is held received %v, want b1 b2 (releases do not count attempts)", names)
+	// Group B goes on; group A is held.
+	rs, names := receive(t, sub, 10, 3*time.Second)
+	if !slices.Equal(names, []string{"b2@1"}) {
+		t.Fatalf("while A is held received %v, want b2", names)
 	}
+	sub.Ack(t.Context(), rs)
 	var got []string
 	for len(got) < 2 && time.Since(nacked) < 10*time.Second {
 		rs, n := receive(t, sub, 10, 2*time.Second)
 		if len(rs) > 0 && time.Since(nacked) < 2*time.Second {
 			t.Fatalf("group A delivered %v %v after the Nack, before its delay", n, time.Since(nacked))
 		}
+		sub.Ack(t.Context(), rs)
 		got = append(got, n...)
 	}
 	if !slices.Equal(got, []string{"a1@2", "a2@1"}) {
@@ -246,26 +253,43 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	}
 }
 
-func TestChainRelease(t *testing.T) {
+// Under Ordered every message is received as its group's head (one per
+// ReceiveMessage call), and a message put back unrun keeps its attempt.
+func TestOrderedReceivesHeads(t *testing.T) {
 	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
 	send(t, topic, "a1:A", "a2:A", "a3:A")
+	send(t, topic, "b1:B")
 	for round := 0; round < 3; round++ {
 		ms, names := receive(t, sub, 10, 5*time.Second)
-		if !slices.Equal(names, []string{"a1@1", "a2@1", "a3@1"}) {
-			t.Fatalf("round %d received %v, want the chain in order, attempt 1", round, names)
+		slices.Sort(names)
+		if !slices.Equal(names, []string{"a1@1", "b1@1"}) {
+			t.Fatalf("round %d received %v, want the heads, attempt 1", round, names)
 		}
 		if err := sub.Release(t.Context(), ms); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A consumer asking for one gets the head only; the tails go back.
 	ms, names := receive(t, sub, 1, 5*time.Second)
-	if !slices.Equal(names, []string{"a1@1"}) {
+	if len(ms) != 1 {
 		t.Fatalf("Receive(1) = %v", names)
 	}
 	sub.Ack(t.Context(), ms)
-	if _, names := receive(t, sub, 10, 5*time.Second); !slices.Equal(names, []string{"a2@1", "a3@1"}) {
-		t.Fatalf("after acking a1 received %v", names)
+	var got []string
+	for len(got) < 3 {
+		rs, names := receive(t, sub, 10, 5*time.Second)
+		if len(rs) == 0 {
+			t.Fatalf("after %v, nothing more", got)
+		}
+		sub.Ack(t.Context(), rs)
+		got = append(got, names...)
+	}
+	if want := []string{"a2@1", "a3@1"}; ms[0].Key == "B" {
+		got = got[:2]
+		if !slices.Equal(got, []string{"a1@1", "a2@1"}) {
+			t.Fatalf("after b1 received %v", got)
+		}
+	} else if !slices.Contains(got, want[0]) || !slices.Contains(got, want[1]) || slices.Index(got, "a2@1") > slices.Index(got, "a3@1") {
+		t.Fatalf("after a1 received %v, want a2 then a3 (and b1)", got)
 	}
 }
 

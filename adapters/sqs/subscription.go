@@ -131,12 +131,21 @@ func (s *Subscription) isClosed() bool {
 // receiveTimeout bounds one ReceiveMessage call beyond its wait.
 const receiveTimeout = 15 * time.Second
 
-// Receive long-polls for up to maxMessages (at most 10) until at least one
-// is deliverable or ctx is done. A poll in flight is not cancelled by ctx
-// (see the package documentation); messages it brings after ctx ended are
-// returned together with ctx's error.
+// Receive long-polls until at least one message is deliverable or ctx is
+// done, and returns up to maxMessages (at most 10). A poll in flight is not
+// cancelled by ctx (see the package documentation); messages it brings
+// after ctx ended are returned together with ctx's error.
+//
+// Under Ordered (without OldestFirst) each ReceiveMessage call asks for one
+// message, so every message is received as its group's head: SQS counts
+// every receive, and a message received behind its head and put back
+// unrun would count as an attempt wherever it is received next (see
+// attempt). Once one call returns a message, maxMessages-1 more calls
+// without wait run at once, each taking the head of another group (SQS
+// hands out nothing of a group with a message in flight).
 func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
+	heads := s.ordering == policy.Ordered && !s.oldestFirst
 	for {
 		if s.isClosed() {
 			return nil, errClosed
@@ -151,8 +160,11 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		// OldestFirst asks for a full batch: SQS does not hand out groups
 		// oldest first, so Receive chooses the oldest heads itself (see fit).
 		ask := maxMessages
-		if s.oldestFirst {
+		switch {
+		case s.oldestFirst:
 			ask = MaxBatchMessages
+		case heads:
+			ask = 1
 		}
 		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
 		if err != nil {
@@ -160,6 +172,9 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 				return nil, ctx.Err()
 			}
 			return nil, err
+		}
+		if heads && len(raw) > 0 && maxMessages > 1 {
+			raw = append(raw, s.moreHeads(ctx, maxMessages-1)...)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
@@ -174,6 +189,29 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 			}
 		}
 	}
+}
+
+// moreHeads receives up to n more messages, one per call, n calls at once,
+// without waiting. A failing call is logged; the messages of the others are
+// returned.
+func (s *Subscription) moreHeads(ctx context.Context, n int) []types.Message {
+	var mu sync.Mutex
+	var out []types.Message
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			raw, err := s.receiveRaw(ctx, s.queueURL, 1, 0, s.lease)
+			if err != nil {
+				s.log.Debug("keyorder sqs: receive failed", "queue", s.queueURL, "err", err)
+				return
+			}
+			mu.Lock()
+			out = append(out, raw...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
@@ -497,11 +535,19 @@ func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay t
 
 // Release makes messages visible again at once, in order, and records that
 // their receive was not an attempt.
+//
+// It goes from the last message to the first: ElasticMQ hands out a
+// group's visible message while a later one of the group is still in
+// flight (only earlier ones in flight block it), so making the first
+// visible first would let another consumer receive it alone, and the rest
+// of its group separately, later.
 func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
-	for _, m := range ms {
+	rev := make([]*adapters.Message, len(ms))
+	for i, m := range ms {
 		s.book.add(m.AckID.(*delivery).sqsID)
+		rev[len(ms)-1-i] = m
 	}
-	_, err := s.changeVisibility(ctx, ms, 0)
+	_, err := s.changeVisibility(ctx, rev, 0)
 	return err
 }
 
