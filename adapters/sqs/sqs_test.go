@@ -3,6 +3,7 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -379,5 +380,82 @@ func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
 	}
 	if !slices.Equal(rest, []string{"a2@1"}) {
 		t.Fatalf("after a1 received %v, want a2 with attempt 1 (put back behind the hold, not counted)", rest)
+	}
+}
+
+// Several dead letters in one group: DeadLetters lists every one of them
+// (a FIFO dead-letter queue hands out nothing more of a group while one of
+// its messages is in flight), oldest first, and Redrive puts them back in
+// the order they died.
+func TestDeadLettersOfOneGroup(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	var specs, want []string
+	for i := 1; i <= 14; i++ {
+		specs = append(specs, fmt.Sprintf("a%02d:A", i))
+		if i <= 3 {
+			specs = append(specs, fmt.Sprintf("b%02d:B", i))
+		}
+	}
+	send(t, topic, specs...)
+	for len(want) < len(specs) {
+		ms, _ := receive(t, sub, 10, 5*time.Second)
+		if len(ms) == 0 {
+			t.Fatalf("only %d of %d received", len(want), len(specs))
+		}
+		for _, m := range ms {
+			if err := sub.DeadLetter(t.Context(), m, "bad", 1); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, m.ID)
+		}
+	}
+	dls, err := sub.DeadLetters(t.Context(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, dl := range dls {
+		got = append(got, dl.Message.ID)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("DeadLetters listed %d: %v\nwant %d, oldest first: %v", len(got), got, len(want), want)
+	}
+	// Listing twice lists the same.
+	if again, err := sub.DeadLetters(t.Context(), 100); err != nil || len(again) != len(want) {
+		t.Fatalf("second listing: %d, %v", len(again), err)
+	}
+	n, err := sub.Redrive(t.Context(), got)
+	if err != nil || n != len(got) {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	if rest, err := sub.DeadLetters(t.Context(), 100); err != nil || len(rest) != 0 {
+		t.Fatalf("after Redrive %d dead letters left, %v", len(rest), err)
+	}
+	var back []string
+	for len(back) < len(want) {
+		ms, _ := receive(t, sub, 10, 5*time.Second)
+		if len(ms) == 0 {
+			t.Fatalf("redriven: only %v came back", back)
+		}
+		for _, m := range ms {
+			back = append(back, m.ID)
+		}
+		sub.Ack(t.Context(), ms)
+	}
+	for _, g := range []string{"/a", "/b"} {
+		var w, b []string
+		for _, id := range want {
+			if strings.Contains(id, g) {
+				w = append(w, id)
+			}
+		}
+		for _, id := range back {
+			if strings.Contains(id, g) {
+				b = append(b, id)
+			}
+		}
+		if !slices.Equal(w, b) {
+			t.Errorf("group %s redriven in order %v, want %v", g, b, w)
+		}
 	}
 }

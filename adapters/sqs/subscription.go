@@ -228,6 +228,7 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 			types.MessageSystemAttributeNameMessageGroupId,
 			types.MessageSystemAttributeNameSequenceNumber,
 			types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp,
+			types.MessageSystemAttributeNameMessageDeduplicationId,
 		},
 		MessageAttributeNames: []string{"All"},
 	})
@@ -665,60 +666,169 @@ type deadMessage struct {
 }
 
 // maxDeadScan bounds how many dead letters one DeadLetters or Redrive call
-// takes in flight.
+// visits.
 const maxDeadScan = 10_000
 
-// scanDead receives the dead-letter queue's messages (up to limit), leaving
-// them in flight for the caller to release or delete, oldest dead first.
-func (s *Subscription) scanDead(ctx context.Context, dq string, limit int) ([]deadMessage, error) {
+// walkDead visits every dead letter of the dead-letter queue once, each
+// group in order, and calls take for it: a dead letter take takes out (it
+// redrives and deletes it) is gone; the others are moved to the end of their
+// group. It returns the dead letters it moved.
+//
+// Why move them: a FIFO queue hands out nothing more of a group while one
+// of its messages is in flight, and one receive returns at most 10
+// messages, so receiving alone cannot reach a group's later dead letters
+// (a scan that kept what it received in flight listed 153 of 161). Each
+// dead letter received is sent again to the end of its group, with a
+// deduplication ID of this walk, and the original deleted: the group's next
+// ones come, and after them the walk's own copies, in the original order.
+// A group is done when its first copy comes round: that copy is held in
+// flight until the walk ends, which holds the group; the walk ends when a
+// receive brings nothing. Dead letters keep their attributes (reason,
+// attempts, time); only their SQS message IDs change. A walk interrupted
+// between a copy and the delete of its original leaves a duplicate, which
+// the next walk deletes.
+func (s *Subscription) walkDead(ctx context.Context, dq string, take func(dm deadMessage) (bool, error)) ([]deadMessage, error) {
+	prefix := "walk-" + randomID() + "-"
+	type key struct {
+		id string
+		at time.Time
+	}
+	seen := map[key]bool{}
+	done := map[string]bool{} // groups whose copies came round
 	var out []deadMessage
-	for len(out) < limit {
-		raw, err := s.receiveRaw(ctx, dq, MaxBatchMessages, 0, 60*time.Second)
+	var parked []types.Message // received from done groups, held in flight
+	defer func() { s.releaseDead(dq, parked) }()
+	visited, copies := 0, 0 // copies numbers the copies: a deduplication ID used twice would drop one
+	for visited < maxDeadScan {
+		raw, err := s.receiveRaw(ctx, dq, MaxBatchMessages, time.Second, 60*time.Second)
 		if err != nil {
-			s.releaseDead(dq, out)
 			return nil, err
 		}
 		if len(raw) == 0 {
-			break
+			break // what is left is held in flight: the groups that came round
 		}
-		for _, rm := range raw {
-			m := s.decode(&rm, false)
-			dm := deadMessage{rm: rm}
-			dm.dl.Message = *m
-			dm.dl.Message.AckID = nil
-			dm.dl.Message.Attempt = 0
-			dm.dl.Reason = attrString(rm.MessageAttributes[AttrReason])
-			dm.dl.Attempts, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
-			dm.dl.DeadAt, _ = time.Parse(time.RFC3339Nano, attrString(rm.MessageAttributes[AttrDeadAt]))
+		var move []types.Message
+		for i, rm := range raw {
+			group := rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+			ours := strings.HasPrefix(rm.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)], prefix)
+			dm := s.deadOf(rm)
+			k := key{dm.dl.Message.ID, dm.dl.DeadAt}
+			switch {
+			case done[group] || ours:
+				done[group] = true
+				parked = append(parked, rm)
+				continue
+			case seen[k]:
+				// A duplicate an interrupted walk left.
+				if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: rm.ReceiptHandle}); err != nil {
+					s.log.Warn("keyorder sqs: deleting a duplicate dead letter failed", "queue", dq, "id", dm.dl.Message.ID, "err", err)
+				}
+				continue
+			}
+			seen[k] = true
+			visited++
+			if take != nil {
+				taken, err := take(dm)
+				if err != nil {
+					parked = append(parked, move...)
+					parked = append(parked, raw[i:]...)
+					return nil, err
+				}
+				if taken {
+					continue
+				}
+			}
 			out = append(out, dm)
+			move = append(move, rm)
+		}
+		if len(move) > 0 {
+			if err := s.moveDead(ctx, dq, move, prefix, copies); err != nil {
+				return nil, err
+			}
+			copies += len(move)
 		}
 	}
 	slices.SortStableFunc(out, func(a, b deadMessage) int { return a.dl.DeadAt.Compare(b.dl.DeadAt) })
 	return out, nil
 }
 
-// releaseDead makes received dead letters visible again.
-func (s *Subscription) releaseDead(dq string, dms []deadMessage) error {
+// deadOf converts a received dead letter.
+func (s *Subscription) deadOf(rm types.Message) deadMessage {
+	m := s.decode(&rm, false)
+	dm := deadMessage{rm: rm}
+	dm.dl.Message = *m
+	dm.dl.Message.AckID = nil
+	dm.dl.Message.Attempt = 0
+	dm.dl.Reason = attrString(rm.MessageAttributes[AttrReason])
+	dm.dl.Attempts, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
+	dm.dl.DeadAt, _ = time.Parse(time.RFC3339Nano, attrString(rm.MessageAttributes[AttrDeadAt]))
+	return dm
+}
+
+// moveDead sends copies of received dead letters to the end of their groups,
+// in order, with deduplication IDs prefix+n..., and deletes the originals
+// whose copy was stored. What it could not move goes back (visible again).
+func (s *Subscription) moveDead(ctx context.Context, dq string, rms []types.Message, prefix string, n int) error {
+	entries := make([]types.SendMessageBatchRequestEntry, len(rms))
+	for i, rm := range rms {
+		entries[i] = types.SendMessageBatchRequestEntry{
+			Id:                     aws.String(strconv.Itoa(i)),
+			MessageBody:            rm.Body,
+			MessageAttributes:      rm.MessageAttributes,
+			MessageGroupId:         aws.String(rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]),
+			MessageDeduplicationId: aws.String(prefix + strconv.Itoa(n+i)),
+		}
+	}
+	out, err := s.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(dq), Entries: entries})
+	if err == nil && len(out.Failed) > 0 {
+		err = batchError("send", out.Failed)
+	}
+	if err != nil {
+		// Some copies may be stored: the next walk deletes the duplicates.
+		s.releaseDead(dq, rms)
+		return fmt.Errorf("sqs: dead-letter walk of %s: %w", dq, err)
+	}
+	del := make([]types.DeleteMessageBatchRequestEntry, len(rms))
+	for i, rm := range rms {
+		del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: rm.ReceiptHandle}
+	}
+	dout, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(dq), Entries: del})
+	if err == nil && len(dout.Failed) > 0 {
+		err = batchError("delete", dout.Failed)
+	}
+	if err != nil {
+		return fmt.Errorf("sqs: dead-letter walk of %s: the moved originals stay besides their copies (the next walk deletes them): %w", dq, err)
+	}
+	return nil
+}
+
+// releaseDead makes received dead letters visible again, last first (see
+// Release).
+func (s *Subscription) releaseDead(dq string, rms []types.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	for start := 0; start < len(dms); start += MaxBatchMessages {
-		chunk := dms[start:min(start+MaxBatchMessages, len(dms))]
+	for end := len(rms); end > 0; end -= MaxBatchMessages {
+		chunk := rms[max(end-MaxBatchMessages, 0):end]
 		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
-		for i, dm := range chunk {
-			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: dm.rm.ReceiptHandle}
+		for i := range chunk {
+			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: chunk[len(chunk)-1-i].ReceiptHandle}
 		}
 		if _, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(dq), Entries: entries}); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		s.log.Warn("keyorder sqs: releasing dead letters failed; they are visible again after 60s", "queue", dq, "err", err)
+		return err
+	}
+	return nil
 }
 
-// DeadLetters lists up to limit dead letters, oldest first. It receives
-// them from the dead-letter queue and makes them visible again, so a
-// concurrent DeadLetters or Redrive call (in any process) does not see the
-// ones being listed for that moment.
+// DeadLetters lists up to limit dead letters, oldest first. It visits every
+// dead letter of the dead-letter queue (see walkDead: each is moved to the
+// end of its group, in order), so a concurrent DeadLetters or Redrive call
+// (in any process) may miss the ones being listed for that moment.
 func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	if s.isClosed() {
 		return nil, errClosed
@@ -727,11 +837,10 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 	if err != nil {
 		return nil, err
 	}
-	dms, err := s.scanDead(ctx, dq, maxDeadScan)
+	dms, err := s.walkDead(ctx, dq, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer s.releaseDead(dq, dms)
 	var out []adapters.DeadLetter
 	for _, dm := range dms[:min(len(dms), max(limit, 0))] {
 		out = append(out, dm.dl)
@@ -739,10 +848,10 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 	return out, nil
 }
 
-// Redrive sends the dead letters with these IDs back to the queue, in the
-// order they died, behind everything queued meanwhile in their group (with
-// a new deduplication ID and a fresh attempt count), then deletes them from
-// the dead-letter queue.
+// Redrive sends the dead letters with these IDs back to the queue, each
+// group's in the order they died, behind everything queued meanwhile in
+// their group (with a new deduplication ID and a fresh attempt count), and
+// deletes them from the dead-letter queue. It stops at the first failure.
 func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	if s.isClosed() {
 		return 0, errClosed
@@ -751,21 +860,14 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	dms, err := s.scanDead(ctx, dq, maxDeadScan)
-	if err != nil {
-		return 0, err
-	}
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
-	var rest []deadMessage
 	n := 0
-	var errs []error
-	for i, dm := range dms {
+	_, err = s.walkDead(ctx, dq, func(dm deadMessage) (bool, error) {
 		if !want[dm.dl.Message.ID] {
-			rest = append(rest, dm)
-			continue
+			return false, nil
 		}
 		attrs := map[string]types.MessageAttributeValue{}
 		for k, v := range dm.rm.MessageAttributes {
@@ -774,25 +876,20 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 			}
 		}
 		group := dm.rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
-		_, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+		if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
 			QueueUrl: aws.String(s.queueURL), MessageBody: dm.rm.Body, MessageAttributes: attrs,
 			MessageGroupId:         aws.String(group),
 			MessageDeduplicationId: aws.String(dedupID(dm.dl.Message.ID + "/redrive/" + randomID())),
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err))
-			rest = append(rest, dms[i:]...)
-			break
-		}
-		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
-			errs = append(errs, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err))
+		}); err != nil {
+			return false, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err)
 		}
 		n++
-	}
-	if err := s.releaseDead(dq, rest); err != nil {
-		errs = append(errs, err)
-	}
-	return n, errors.Join(errs...)
+		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
+			return true, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err)
+		}
+		return true, nil
+	})
+	return n, err
 }
 
 // Capabilities describes the subscription: SQS holds groups natively.
