@@ -153,7 +153,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -161,7 +160,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/keyorder/keyorder"
@@ -517,8 +516,8 @@ func errorCode(err error) keyorder.ErrorCode {
 }
 
 // URLOpener opens sqs:// URLs. Each URL opened gets its own client, built
-// from the URL's endpoint and region and the environment's static
-// credentials (see the package documentation).
+// from the SDK's default configuration chain with the URL's endpoint,
+// region and profile (see the package documentation).
 type URLOpener struct{}
 
 func init() {
@@ -531,14 +530,12 @@ type urlConfig struct {
 	queue    string
 	endpoint string
 	region   string
+	profile  string
 	opts     Options
 }
 
 func parseURL(u *url.URL) (*urlConfig, error) {
-	c := &urlConfig{queue: u.Host, region: os.Getenv("AWS_REGION")}
-	if c.region == "" {
-		c.region = "us-east-1"
-	}
+	c := &urlConfig{queue: u.Host}
 	c.opts.Ordering = policy.Ordered
 	if c.queue == "" || (u.Path != "" && u.Path != "/") {
 		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
@@ -560,6 +557,11 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 				perr = errors.New("empty")
 			}
 			c.region = v
+		case "profile":
+			if v == "" {
+				perr = errors.New("empty")
+			}
+			c.profile = v
 		case "ordering":
 			c.opts.Ordering, perr = policy.ParseOrdering(v)
 		case "visibility":
@@ -591,15 +593,42 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 	return c, nil
 }
 
-func (c *urlConfig) client() *sqs.Client {
-	o := sqs.Options{Region: c.region, Retryer: aws.NopRetryer{}}
-	if c.endpoint != "" {
-		o.BaseEndpoint = aws.String(c.endpoint)
+// client builds the URL's client from the SDK's default configuration chain
+// (config.LoadDefaultConfig: environment, shared config and credentials
+// files with the URL's profile, web identity, container and instance
+// roles), with the URL's region and endpoint.
+//
+// It keeps the SDK's standard retryer (up to 3 attempts with backoff on
+// throttling, 5xx and network errors): every call the driver makes is safe
+// to repeat. A SendMessageBatch or SendMessage repeated with the same
+// MessageDeduplicationId is dropped by the FIFO queue within its 5-minute
+// deduplication window (sends, requeues, dead letters, redrives and the
+// dead-letter walk's copies all carry one); DeleteMessage(Batch) and
+// ChangeMessageVisibility(Batch) set the same end state twice; a
+// ReceiveMessage repeated with the same ReceiveRequestAttemptId (Receive
+// sets one per call) returns the same messages instead of leaving the first
+// answer's messages invisible. The portable layer retries on top, with its
+// own backoff, what the SDK gave up on.
+func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error) {
+	var lo []func(*config.LoadOptions) error
+	if c.region != "" {
+		lo = append(lo, config.WithRegion(c.region))
 	}
-	if id, secret := os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY"); id != "" && secret != "" {
-		o.Credentials = credentials.NewStaticCredentialsProvider(id, secret, os.Getenv("AWS_SESSION_TOKEN"))
+	if c.profile != "" {
+		lo = append(lo, config.WithSharedConfigProfile(c.profile))
 	}
-	return sqs.New(o)
+	cfg, err := config.LoadDefaultConfig(ctx, lo...)
+	if err != nil {
+		return nil, adapters.BadParam(u, "profile", "loading the AWS configuration: "+err.Error())
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+		if c.endpoint != "" {
+			o.BaseEndpoint = aws.String(c.endpoint)
+		}
+	}), nil
 }
 
 // OpenTopicURL opens sqs://QUEUE.fifo?..., creating the queue if needed.
@@ -608,7 +637,10 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, err
 	}
-	client := c.client()
+	client, err := c.client(ctx, u)
+	if err != nil {
+		return nil, err
+	}
 	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
 	if err != nil {
 		return nil, err
@@ -623,7 +655,10 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, err
 	}
-	client := c.client()
+	client, err := c.client(ctx, u)
+	if err != nil {
+		return nil, err
+	}
 	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -458,4 +460,50 @@ func TestDeadLettersOfOneGroup(t *testing.T) {
 			t.Errorf("group %s redriven in order %v, want %v", g, b, w)
 		}
 	}
+}
+
+// The URL opener takes its credentials from the SDK's default chain: the
+// environment, or a shared credentials file with the URL's profile.
+func TestURLCredentialsChain(t *testing.T) {
+	client, endpoint := newClient(t)
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials")
+	for k, v := range map[string]string{
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": filepath.Join(dir, "config"),
+		"AWS_SHARED_CREDENTIALS_FILE": creds, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+		"AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_ROLE_ARN": "", "AWS_WEB_IDENTITY_TOKEN_FILE": "",
+		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "", "AWS_CONTAINER_CREDENTIALS_FULL_URI": "",
+	} {
+		t.Setenv(k, v)
+	}
+	name := uniqueQueue("cred")
+	base := "sqs://" + name + "?endpoint=" + url.QueryEscape(endpoint) + "&region=us-east-1"
+	ctx := t.Context()
+	t.Cleanup(func() {
+		if u, err := client.GetQueueUrl(context.Background(), &awssqs.GetQueueUrlInput{QueueName: aws.String(name)}); err == nil {
+			deleteQueues(client, aws.ToString(u.QueueUrl))
+		}
+	})
+	if _, err := adapters.DefaultMux().OpenTopic(ctx, base); err == nil {
+		t.Fatal("opened with no credentials anywhere")
+	}
+	if _, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=missing"); !errors.Is(err, keyorder.ErrBadURL) {
+		t.Fatalf("a profile that does not exist: %v, want ErrBadURL", err)
+	}
+	if err := os.WriteFile(creds, []byte("[keyorder-test]\naws_access_key_id = fromfile\naws_secret_access_key = secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	topic, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=keyorder-test")
+	if err != nil {
+		t.Fatalf("with the shared credentials file's profile: %v", err)
+	}
+	topic.Close()
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(dir, "none"))
+	t.Setenv("AWS_ACCESS_KEY_ID", "fromenv")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base)
+	if err != nil {
+		t.Fatalf("with environment credentials: %v", err)
+	}
+	sub.Close()
 }

@@ -231,6 +231,8 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 			types.MessageSystemAttributeNameMessageDeduplicationId,
 		},
 		MessageAttributeNames: []string{"All"},
+		// An SDK retry of this call returns the same messages (see client).
+		ReceiveRequestAttemptId: aws.String(randomID()),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sqs: receive from %s: %w", queueURL, err)
