@@ -518,7 +518,11 @@ func errorCode(err error) keyorder.ErrorCode {
 // URLOpener opens sqs:// URLs. Each URL opened gets its own client, built
 // from the SDK's default configuration chain with the URL's endpoint,
 // region and profile (see the package documentation).
-type URLOpener struct{}
+type URLOpener struct {
+	// Logger becomes the Options.Logger of the drivers it opens. Defaults
+	// to slog.Default().
+	Logger *slog.Logger
+}
 
 func init() {
 	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
@@ -637,6 +641,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, err
 	}
+	c.opts.Logger = o.Logger
 	client, err := c.client(ctx, u)
 	if err != nil {
 		return nil, err
@@ -655,6 +660,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, err
 	}
+	c.opts.Logger = o.Logger
 	client, err := c.client(ctx, u)
 	if err != nil {
 		return nil, err

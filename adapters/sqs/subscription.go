@@ -202,7 +202,7 @@ func (s *Subscription) moreHeads(ctx context.Context, n int) []types.Message {
 		wg.Go(func() {
 			raw, err := s.receiveRaw(ctx, s.queueURL, 1, 0, s.lease)
 			if err != nil {
-				s.log.Debug("keyorder sqs: receive failed", "queue", s.queueURL, "err", err)
+				s.log.Warn("keyorder sqs: receive failed; the other calls' messages are returned", "queue", s.queueURL, "err", err)
 				return
 			}
 			mu.Lock()
