@@ -253,7 +253,12 @@ func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
 // Run receives and handles messages until ctx ends or Shutdown is called,
 // then shuts down gracefully: it stops receiving, lets running handlers
 // finish for up to Config.ShutdownTimeout (then cancels their contexts),
-// returns messages never started to the broker, and returns nil. It returns
+// returns messages never started to the broker, and returns nil. On a
+// broker that holds groups natively (Capabilities.NativeHold) it first
+// handles, within the same ShutdownTimeout, the messages it has already
+// received: nothing of those waits in process for a retry, and a message
+// handed back unstarted costs a receive that a broker counting every
+// receive (SQS) would report to the next consumer as an attempt. It returns
 // an error if the subscription fails permanently. Run may be called once.
 func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
