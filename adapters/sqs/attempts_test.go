@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/url"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -214,4 +215,44 @@ func sumRuns(runs map[string]int) int {
 		n += r
 	}
 	return n
+}
+
+// A consumer that dies holding a chain (its leases expire): on redelivery
+// the lost lease counts for the message that may have been running, the
+// chain's head, never for the members received behind it.
+func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
+	for _, oldest := range []bool{false, true} {
+		t.Run(fmt.Sprintf("OldestFirst=%v", oldest), func(t *testing.T) {
+			opts := &sqs.Options{Ordering: policy.Ordered, Visibility: time.Second, WaitTime: time.Second, OldestFirst: oldest}
+			client, q, topic, dead := openWith(t, opts)
+			send(t, topic, "a1:A", "a2:A", "a3:A")
+			_, names := receive(t, dead, 10, 5*time.Second)
+			want := []string{"a1@1"} // one message per call: the head only
+			if oldest {
+				want = []string{"a1@1", "a2@1", "a3@1"}
+			}
+			if !slices.Equal(names, want) {
+				t.Fatalf("received %v, want %v", names, want)
+			}
+			// The consumer dies; another one takes over after the lease.
+			sub, err := sqs.OpenSubscription(t.Context(), client, processURL(t, q, 2), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for len(got) < 3 {
+				ms, names := receive(t, sub, 10, 5*time.Second)
+				if len(ms) == 0 {
+					t.Fatalf("after the lease expired got only %v", got)
+				}
+				got = append(got, names...)
+				if err := sub.Ack(t.Context(), ms); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if want := []string{"a1@2", "a2@1", "a3@1"}; !slices.Equal(got, want) {
+				t.Fatalf("after the lost lease got %v, want %v", got, want)
+			}
+		})
+	}
 }
