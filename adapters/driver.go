@@ -53,12 +53,20 @@ type Message struct {
 
 	// AckID identifies this delivery to the driver (set by Receive).
 	AckID any
-	// Attempt is the broker's delivery count, 1 on the first delivery (set by
-	// Receive; 0 when the broker does not count). It counts what the broker
-	// knows: on a broker without Capabilities.NativeHold the retries the
-	// portable layer runs in process are not deliveries, so after a crash
-	// the redelivery's count restarts from the broker's (see the pubsub
-	// package, "Attempts the service does not know").
+	// Attempt is the attempt this delivery is, 1 on the first (set by
+	// Receive; 0 when the broker does not count). It counts the earlier
+	// deliveries that were attempts: a failed one (Nack), or one whose
+	// lease was lost while the message may have been running. Deliveries
+	// that never ran are not attempts: messages given back with Release,
+	// the rest of a chain whose head failed, a message held for its
+	// not-before time, and, after a lost lease, every message claimed with
+	// it except the one that may have been running (under Ordered, the
+	// first unsettled message of its chain). A driver whose broker counts
+	// every delivery subtracts those it can recognise and documents what
+	// it cannot. On a broker without Capabilities.NativeHold the retries
+	// the portable layer runs in process are not deliveries, so after a
+	// crash the redelivery's count restarts from the broker's (see the
+	// pubsub package, "Attempts the service does not know").
 	Attempt int
 	// PublishTime is when the broker accepted the message (set by Receive
 	// when known).

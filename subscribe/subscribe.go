@@ -347,7 +347,12 @@ func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
 // Run receives and handles messages until ctx ends or Shutdown is called,
 // then shuts down gracefully: it stops receiving, lets running handlers
 // finish for up to Config.ShutdownTimeout (then cancels their contexts),
-// returns messages never started to the broker, and returns nil. It returns
+// returns messages never started to the broker, and returns nil. On a
+// broker that holds groups natively (Capabilities.NativeHold) it first
+// handles, within the same ShutdownTimeout, the messages it has already
+// received: nothing of those waits in process for a retry, and a message
+// handed back unstarted costs a receive that a broker counting every
+// receive (SQS) would report to the next consumer as an attempt. It returns
 // an error if the subscription fails permanently. Run may be called once.
 func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
@@ -388,8 +393,11 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 
 	runErr := s.pump(rctx, pool)
 
-	s.closing.Store(true)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	if s.caps.NativeHold && runErr == nil {
+		s.drain(sctx)
+	}
+	s.closing.Store(true)
 	leftover, _ := pool.Close(sctx)
 	cancel()
 	if len(leftover) > 0 {
@@ -409,6 +417,29 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	stopLeases()
 	<-leaseDone
 	return runErr
+}
+
+// drain waits until every message received has been settled, or ctx ends.
+// On a broker that holds groups natively nothing waits in process for a
+// retry, so what was received can run now: running it, rather than handing
+// it back unstarted, keeps another process from counting this receive as
+// an attempt (SQS counts every receive; see adapters/sqs).
+func (s *Subscriber) drain(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		n := len(s.outstanding)
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Shutdown makes Run stop receiving and return after its graceful shutdown.
@@ -448,6 +479,11 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.cfg.Logger.Error("keyorder: driver returned more messages than asked", "asked", n, "got", len(ms))
 		}
 		s.releaseTokens(n - min(len(ms), n))
+		if err != nil && len(ms) > 0 && s.caps.NativeHold && ctx.Err() != nil {
+			// Received as Run stops: they run with the rest before Run
+			// returns (see drain).
+			err = nil
+		}
 		if err != nil && len(ms) > 0 {
 			// Messages that came with an error go back unhandled; their
 			// tokens with them.

@@ -81,8 +81,14 @@
 // dead_letters with its reason and attempts and lets its key continue;
 // Redrive puts dead letters back after what arrived meanwhile with a fresh
 // attempt count. A message's Attempt is 1 on its first claim and grows with
-// every failure and every lease that expired while it was claimed (a crashed
-// consumer counts). Drivers never retry: IsRetryable and ErrorCode classify
+// every failure and with every lease that expired while it may have been
+// running (a crashed consumer counts): for a claimed chain, only its first
+// unsettled message under Ordered (nothing behind it runs), or the first
+// one not nacked under that lease under Exclusive; never the chain's later
+// members (migration 002). A chain's first message that was claimed but not
+// started when its consumer died cannot be told from a running one and is
+// counted; so is every claimed message of a Parallel subscription (or a
+// keyless one), each leased on its own. Drivers never retry: IsRetryable and ErrorCode classify
 // errors (a lost connection, a restarting server, a deadlock or
 // serialization failure are retryable) for the portable layer.
 //

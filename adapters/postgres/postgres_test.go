@@ -47,11 +47,11 @@ func TestMigrateIdempotent(t *testing.T) {
 		}
 	}
 	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 0 || len(res.Applied) != 1 {
+	if err != nil || res.Version != 1 || len(res.Applied) != 1 {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 1 {
+	if err != nil || res.Version != 2 {
 		t.Fatalf("up again: %+v %v", res, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/policy"
 )
 
 // The failure tests run consumers as real processes: the test binary
@@ -294,5 +295,79 @@ func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
 				next++
 			}
 		}
+	}
+}
+
+// A consumer process killed while it holds a chain: the lost lease counts as
+// an attempt for the message that was running (the first unsettled member),
+// never for the members behind it, which were claimed and never started.
+func TestProcessKilledHoldingChain(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	e.sub("t", "s", 2 /* Ordered */, nil)
+	var ms []*adapters.Message
+	for i := 1; i <= 6; i++ {
+		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
+	}
+	publish(t, tp, ms...)
+	h := startHelper(t, e, "t", 2*time.Second, 0, "a3")
+	waitUntil(t, 30*time.Second, "the helper to start handling a3", func() bool {
+		rs := h.read(t, 0)
+		return len(rs) > 0 && rs[len(rs)-1].start && rs[len(rs)-1].id == "a3"
+	})
+	// The helper claimed the whole chain in one receive: a4..a6 were
+	// claimed behind a3 and never started.
+	h.kill()
+	s := e.sub("t", "s", 2, nil)
+	ctx := ctxT(t, 30*time.Second)
+	got := receiveN(t, ctx, s, 4)
+	var attempts []string
+	for _, m := range got {
+		attempts = append(attempts, fmt.Sprintf("%s@%d", m.ID, m.Attempt))
+	}
+	if want := []string{"a3@2", "a4@1", "a5@1", "a6@1"}; !slices.Equal(attempts, want) {
+		t.Fatalf("after the kill got %v, want %v: only the message that was running lost an attempt", attempts, want)
+	}
+	if err := s.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A consumer that nacks a chain's head and then loses its lease before the
+// rest of the chain is given back (a crash between the two): the head's
+// failure is counted once, and nothing behind it counts the lost lease. Under
+// Exclusive, where the chain runs on past a nacked member, the lost lease
+// counts for the first member not nacked.
+func TestLostLeaseAfterNack(t *testing.T) {
+	for _, tc := range []struct {
+		ordering policy.Ordering
+		want     []string
+	}{
+		{policy.Ordered, []string{"a1@2", "a2@1", "a3@1"}},
+		{policy.Exclusive, []string{"a1@2", "a2@2", "a3@1"}},
+	} {
+		t.Run(tc.ordering.String(), func(t *testing.T) {
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			lease := &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond}
+			crashed := e.sub("t", "s", tc.ordering, lease)
+			publish(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+			ctx := ctxT(t, 30*time.Second)
+			got := receiveN(t, ctx, crashed, 3)
+			if err := crashed.Nack(ctx, got[0], 0); err != nil {
+				t.Fatal(err)
+			}
+			// a2 (Exclusive: it runs on) is running when the process dies;
+			// its lease expires.
+			s := e.sub("t", "s", tc.ordering, lease)
+			again := receiveN(t, ctx, s, 3)
+			var attempts []string
+			for _, m := range again {
+				attempts = append(attempts, fmt.Sprintf("%s@%d", m.ID, m.Attempt))
+			}
+			if !slices.Equal(attempts, tc.want) {
+				t.Fatalf("after the lost lease got %v, want %v", attempts, tc.want)
+			}
+		})
 	}
 }

@@ -47,7 +47,9 @@ FROM m CROSS JOIN {{schema}}.subscriptions s
 WHERE s.topic_id = $1 AND ($7::integer IS NULL OR s.id = $7)`
 
 // sqlClaimKeys claims chains of keys through the claim_keys function (see
-// migration/001_init.up.sql for why it is correct under concurrency).
+// migration/001_init.up.sql for why it is correct under concurrency, and
+// 002_lost_lease.up.sql for which member of an expired chain a lost lease
+// counts against).
 const sqlClaimKeys = `SELECT * FROM {{schema}}.claim_keys($1, $2, $3, $4::interval, $5, $6)`
 
 // sqlClaimDirect claims deliveries one by one (Parallel subscriptions, and
@@ -127,9 +129,11 @@ AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
 // delivery's key stays held by its head until the chain is released, and
 // then (Ordered) by this can_run_after. Either is only touched while the
 // lease is still ours: a consumer whose lease was lost does not delay the
-// consumer that took the message over.
+// consumer that took the message over. The delivery keeps the lease token it
+// failed under: if that lease is lost later, the claim taking the key over
+// knows this attempt is already written (see migration 002).
 const sqlNackKeyed = `
-UPDATE {{schema}}.deliveries d SET can_run_after = now() + $3::interval, attempts = $4
+UPDATE {{schema}}.deliveries d SET can_run_after = now() + $3::interval, attempts = $4, lease_token = $5
 WHERE d.sub_id = $1 AND d.id = $2
   AND EXISTS (SELECT 1 FROM {{schema}}.heads h WHERE h.sub_id = $1 AND h.msg_key = d.msg_key AND h.lease_token = $5)`
 

@@ -3,6 +3,7 @@ package sqs
 import (
 	"bytes"
 	"errors"
+	"log/slog"
 	"maps"
 	"strings"
 	"testing"
@@ -68,7 +69,7 @@ func roundTrip(t *testing.T, m *adapters.Message) *adapters.Message {
 			string(types.MessageSystemAttributeNameApproximateReceiveCount): "1",
 		},
 	}
-	return (&Subscription{book: bookFor("fuzz://queue")}).decode(rm)
+	return (&Subscription{book: &book{n: map[string]int{}}, log: slog.New(slog.DiscardHandler)}).decode(rm, false)
 }
 
 // FuzzEncodeDecode: a message Validate accepts is encoded without error and

@@ -24,7 +24,10 @@
 // field of Options:
 //
 //   - endpoint: the SQS endpoint (ElasticMQ, LocalStack); default: AWS's.
-//   - region: the AWS region; default: $AWS_REGION, else us-east-1.
+//   - region: the AWS region; default: the SDK's (AWS_REGION, the
+//     profile's region), else us-east-1.
+//   - profile: the shared configuration profile to use (AWS_PROFILE
+//     otherwise); a profile that does not exist is keyorder.ErrBadURL.
 //   - ordering: parallel, exclusive or ordered; default ordered. Recorded
 //     in the queue tag keyorder-ordering at creation; opening an existing
 //     queue with another ordering fails with keyorder.CodeFailedPrecondition.
@@ -37,12 +40,12 @@
 //     the queue name.
 //
 // Unknown parameters are rejected. Credentials: the URL opener builds its
-// own client with the static credentials in $AWS_ACCESS_KEY_ID,
-// $AWS_SECRET_ACCESS_KEY and $AWS_SESSION_TOKEN when set (the module's go.mod
-// does not carry aws-sdk-go-v2/config, whose default chain would read
-// profiles and instance roles); for the SDK's full default chain build a
-// client with config.LoadDefaultConfig and use OpenTopic and
-// OpenSubscription.
+// own client with the SDK's default chain (config.LoadDefaultConfig:
+// environment variables, the shared config and credentials files with the
+// URL's profile, web identity (EKS), container and instance roles), and
+// keeps the SDK's standard retryer (see URLOpener for why every call is
+// safe to retry). For anything else build a client yourself and use
+// OpenTopic and OpenSubscription.
 //
 // # Ordering
 //
@@ -73,25 +76,30 @@
 // and not returned; the group's later messages received with it are put
 // back too. Within the last second the subscriber waits in process.
 //
-// One ReceiveMessage call returns up to 10 messages, and SQS prefers
-// several of one group: those form a chain that the subscriber runs in
-// order. Receive returns each group's messages consecutively. SQS does not
-// hand out groups oldest first, and a chain's tail takes worker slots that
-// other groups' heads could use (ElasticMQ, asked for 2 messages of the
-// arrivals a1(A) a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1
-// before s1). By default Receive takes what SQS chose. With
-// Options.OldestFirst (URL parameter oldestfirst=true) it asks for a full
-// batch of 10 and chooses: the oldest group heads first (by
+// One ReceiveMessage call can return up to 10 messages, and SQS prefers
+// several of one group. Under Ordered Receive asks for one message per
+// call, so that every message is received as its group's head (see
+// Delivery semantics: a message received behind its head and put back
+// unrun would count as an attempt elsewhere); to fill a batch, once one
+// call has returned a message, Receive makes the remaining calls at once
+// without waiting, each taking the head of another group. Under Exclusive
+// and Parallel one call asks for the whole batch, and a group's messages
+// in it form a chain, returned consecutively. SQS does not hand out groups
+// oldest first (ElasticMQ, asked for 2 messages of the arrivals a1(A)
+// a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1 before s1).
+// With Options.OldestFirst (URL parameter oldestfirst=true) Receive asks
+// for a full batch of 10 and chooses: the oldest group heads first (by
 // SequenceNumber), then their chain tails while room is left, and puts the
 // rest back at once; groups then go oldest first as far as one receive
 // shows them. The price is a ChangeMessageVisibilityBatch call whenever the
 // subscriber asks for fewer than SQS returned, and receive counts raised by
-// those put-backs, which other consuming processes count as attempts (see
-// Delivery semantics): OldestFirst is for a single consuming process.
-// Put-back messages (Release, OldestFirst's surplus, not-before holds'
-// successors) are made visible again with ChangeMessageVisibility(0), in
-// order; SQS redelivers a group's messages in order once none of them is in
-// flight, and keeps the group blocked while any of them is.
+// those put-backs, which other consuming processes may count as attempts:
+// OldestFirst is for a single consuming process. Put-back messages
+// (Release, OldestFirst's surplus, not-before holds' successors) are made
+// visible again with ChangeMessageVisibility(0), the last first: ElasticMQ
+// hands out a group's visible message while a later one of the group is
+// still in flight, so the first made visible first could be received alone
+// by another consumer, and its group's rest separately.
 //
 // # Delivery semantics
 //
@@ -106,18 +114,24 @@
 // reuses an ID within 5 minutes loses the second message.
 //
 // Attempts are counted by the library, not by SQS's redrive policy (the
-// queue has none): Message.Attempt is the message's ApproximateReceiveCount
-// minus the receives this process knows did not count, the not-before holds
-// and the put-backs (Release) it made, plus the attempts an Exclusive retry
-// carries in keyorder-attempts when it was sent to the end of its group. That bookkeeping is per process
-// (shared by every driver of one queue URL in the process, bounded to the
-// last 100,000 messages). A message put back by one process and received by
-// another is seen there with one attempt more than it had; after a crash
-// that is right (the lost lease counts), after a graceful shutdown or a
-// chain put-back it overcounts by one per put-back. A message therefore
-// reaches the dead-letter queue unrun only if other processes put it back
-// more times than the retry budget; with one consuming process it never
-// does.
+// queue has none). SQS counts every receive (ApproximateReceiveCount) and
+// keeps nothing a process could write about why a receive ended without
+// moving the message to the end of its group, which Ordered forbids. So the
+// driver avoids receives that are not attempts, and subtracts the ones it
+// can recognise: Message.Attempt is the receive count, minus a not-before
+// hold (a first receive more than a second before the not-before time),
+// minus the put-backs this driver made itself (bounded to its last 100,000
+// messages), plus the attempts an Exclusive retry carries in
+// keyorder-attempts when it was sent to the end of its group. A message
+// received behind its group's head under Ordered (only with OldestFirst)
+// reports attempt 1 plus what it carries: every earlier receive of it came
+// with that head, which is still queued, so none of them ran it. What is
+// counted is then a failed attempt (Nack) or a lost lease: a crash, or a
+// lease SQS refused to extend. What can still overcount, by one per
+// occurrence: a message another process received and put back unrun — one
+// that arrived as its subscriber stopped past its ShutdownTimeout, or an
+// OldestFirst surplus. (The subscriber runs what it received before Run
+// returns; see subscribe.Subscriber.Run.)
 //
 // A received message is leased for the visibility timeout
 // (Capabilities.LeaseDuration), extended by the subscriber with
@@ -133,7 +147,12 @@
 // DeadLetter sends the message to the FIFO queue QUEUE-NAME-dead.fifo (same
 // group, created when missing) with the keyorder-reason, keyorder-attempts
 // and keyorder-dead-at attributes, then deletes it from the queue.
-// DeadLetters and Redrive (adapters.DeadLetterStore) read that queue.
+// DeadLetters and Redrive (adapters.DeadLetterStore) read that queue by
+// visiting every message once, moving each to the end of its group in order
+// (a FIFO queue hands out nothing more of a group while one of its messages
+// is in flight, so receiving alone cannot reach a group's later dead
+// letters); a dead letter's SQS message ID changes each time, its keyorder
+// ID, reason, attempts and time do not.
 //
 // Message bodies: a payload that is valid SQS text (UTF-8 of the characters
 // SQS accepts) is sent as is; any other payload is sent base64-encoded with
@@ -152,9 +171,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -162,7 +181,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/keyorder/keyorder"
@@ -262,14 +281,19 @@ type Options struct {
 	// out the oldest group heads among them first, putting back what the
 	// subscriber did not ask for (see Ordering in the package
 	// documentation). Every put-back raises the message's
-	// ApproximateReceiveCount, which other processes see as attempts: use
-	// it with one consuming process. Defaults to false: Receive asks SQS
-	// for exactly what the subscriber asked and takes SQS's choice.
+	// ApproximateReceiveCount, which other processes may see as attempts:
+	// use it with one consuming process. Defaults to false: Receive asks
+	// SQS for what the subscriber asked (under Ordered one message per
+	// call) and takes SQS's choice.
 	OldestFirst bool
 	// WaitTime is the long-poll wait of one ReceiveMessage call, 0 to 20s,
 	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0
 	// (short polling).
 	WaitTime time.Duration
+	// Logger receives what the driver cannot return to a caller: a
+	// not-before hold or a put-back of messages the subscriber never saw
+	// that SQS refused. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 func (o *Options) withDefaults() Options {
@@ -288,6 +312,9 @@ func (o *Options) withDefaults() Options {
 		out.WaitTime = 0
 	}
 	out.WaitTime = min(ceilSeconds(out.WaitTime), 20*time.Second)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
 	return out
 }
 
@@ -521,9 +548,25 @@ func errorCode(err error) keyorder.ErrorCode {
 }
 
 // URLOpener opens sqs:// URLs. Each URL opened gets its own client, built
-// from the URL's endpoint and region and the environment's static
-// credentials (see the package documentation).
-type URLOpener struct{}
+// from the SDK's default configuration chain with the URL's endpoint,
+// region and profile (see the package documentation).
+//
+// The client keeps the SDK's standard retryer (up to 3 attempts with
+// backoff on throttling, 5xx and network errors), because every call the
+// driver makes is safe to repeat: a SendMessageBatch or SendMessage
+// repeated with the same MessageDeduplicationId is dropped by the FIFO
+// queue within its 5-minute deduplication window (publishes, requeues,
+// dead letters, redrives and the dead-letter walk's copies all carry one);
+// DeleteMessage(Batch) and ChangeMessageVisibility(Batch) set the same end
+// state twice; a ReceiveMessage repeated with the same
+// ReceiveRequestAttemptId (Receive sets one per call) returns the same
+// messages rather than leaving the first answer's invisible. The portable
+// layer retries on top, with its own backoff, what the SDK gave up on.
+type URLOpener struct {
+	// Logger becomes the Options.Logger of the drivers it opens. Defaults
+	// to slog.Default().
+	Logger *slog.Logger
+}
 
 func init() {
 	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
@@ -535,14 +578,12 @@ type urlConfig struct {
 	queue    string
 	endpoint string
 	region   string
+	profile  string
 	opts     Options
 }
 
 func parseURL(u *url.URL) (*urlConfig, error) {
-	c := &urlConfig{queue: u.Host, region: os.Getenv("AWS_REGION")}
-	if c.region == "" {
-		c.region = "us-east-1"
-	}
+	c := &urlConfig{queue: u.Host}
 	c.opts.Ordering = policy.Ordered
 	if c.queue == "" || (u.Path != "" && u.Path != "/") || u.User != nil || u.Opaque != "" {
 		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
@@ -568,6 +609,11 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 				perr = errors.New("empty")
 			}
 			c.region = v
+		case "profile":
+			if v == "" {
+				perr = errors.New("empty")
+			}
+			c.profile = v
 		case "ordering":
 			c.opts.Ordering, perr = policy.ParseOrdering(v)
 		case "visibility":
@@ -599,15 +645,29 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 	return c, nil
 }
 
-func (c *urlConfig) client() *sqs.Client {
-	o := sqs.Options{Region: c.region, Retryer: aws.NopRetryer{}}
-	if c.endpoint != "" {
-		o.BaseEndpoint = aws.String(c.endpoint)
+// client builds the URL's client from the SDK's default configuration chain
+// with the URL's region, profile and endpoint, and the SDK's retryer (see
+// URLOpener).
+func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error) {
+	var lo []func(*config.LoadOptions) error
+	if c.region != "" {
+		lo = append(lo, config.WithRegion(c.region))
 	}
-	if id, secret := os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY"); id != "" && secret != "" {
-		o.Credentials = credentials.NewStaticCredentialsProvider(id, secret, os.Getenv("AWS_SESSION_TOKEN"))
+	if c.profile != "" {
+		lo = append(lo, config.WithSharedConfigProfile(c.profile))
 	}
-	return sqs.New(o)
+	cfg, err := config.LoadDefaultConfig(ctx, lo...)
+	if err != nil {
+		return nil, adapters.BadParam(u, "profile", "loading the AWS configuration: "+err.Error())
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+		if c.endpoint != "" {
+			o.BaseEndpoint = aws.String(c.endpoint)
+		}
+	}), nil
 }
 
 // OpenTopicURL opens sqs://QUEUE.fifo?..., creating the queue if needed.
@@ -616,7 +676,11 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, err
 	}
-	client := c.client()
+	c.opts.Logger = o.Logger
+	client, err := c.client(ctx, u)
+	if err != nil {
+		return nil, err
+	}
 	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
 	if err != nil {
 		return nil, err
@@ -631,7 +695,11 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, err
 	}
-	client := c.client()
+	c.opts.Logger = o.Logger
+	client, err := c.client(ctx, u)
+	if err != nil {
+		return nil, err
+	}
 	qurl, err := CreateQueue(ctx, client, c.queue, &c.opts)
 	if err != nil {
 		return nil, err

@@ -3,7 +3,10 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -218,27 +221,34 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	send(t, topic, "a1:A", "a2:A")
 	send(t, topic, "b1:B", "b2:B")
 	ms, names := receive(t, sub, 10, 5*time.Second)
-	if !slices.Equal(names, []string{"a1@1", "a2@1", "b1@1", "b2@1"}) {
-		t.Fatalf("received %v, want both chains", names)
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"a1@1", "b1@1"}) {
+		t.Fatalf("received %v, want the two group heads", names)
+	}
+	byName := map[string]*adapters.Message{}
+	for _, m := range ms {
+		byName[string(m.Payload)] = m
 	}
 	nacked := time.Now()
-	if err := sub.Nack(t.Context(), ms[0], 2*time.Second); err != nil {
+	if err := sub.Nack(t.Context(), byName["a1"], 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.Release(t.Context(), ms[1:]); err != nil {
+	if err := sub.Ack(t.Context(), []*adapters.Message{byName["b1"]}); err != nil {
 		t.Fatal(err)
 	}
-	// Group B comes back at once; group A is held.
-	_, names = receive(t, sub, 10, 3*time.Second)
-	if !slices.Equal(names, []string{"b1@1", "b2@1"}) {
-		t.Fatalf("while A is held received %v, want b1 b2 (releases do not count attempts)", names)
+	// Group B goes on; group A is held.
+	rs, names := receive(t, sub, 10, 3*time.Second)
+	if !slices.Equal(names, []string{"b2@1"}) {
+		t.Fatalf("while A is held received %v, want b2", names)
 	}
+	sub.Ack(t.Context(), rs)
 	var got []string
 	for len(got) < 2 && time.Since(nacked) < 10*time.Second {
 		rs, n := receive(t, sub, 10, 2*time.Second)
 		if len(rs) > 0 && time.Since(nacked) < 2*time.Second {
 			t.Fatalf("group A delivered %v %v after the Nack, before its delay", n, time.Since(nacked))
 		}
+		sub.Ack(t.Context(), rs)
 		got = append(got, n...)
 	}
 	if !slices.Equal(got, []string{"a1@2", "a2@1"}) {
@@ -246,26 +256,43 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	}
 }
 
-func TestChainRelease(t *testing.T) {
+// Under Ordered every message is received as its group's head (one per
+// ReceiveMessage call), and a message put back unrun keeps its attempt.
+func TestOrderedReceivesHeads(t *testing.T) {
 	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
 	send(t, topic, "a1:A", "a2:A", "a3:A")
+	send(t, topic, "b1:B")
 	for round := 0; round < 3; round++ {
 		ms, names := receive(t, sub, 10, 5*time.Second)
-		if !slices.Equal(names, []string{"a1@1", "a2@1", "a3@1"}) {
-			t.Fatalf("round %d received %v, want the chain in order, attempt 1", round, names)
+		slices.Sort(names)
+		if !slices.Equal(names, []string{"a1@1", "b1@1"}) {
+			t.Fatalf("round %d received %v, want the heads, attempt 1", round, names)
 		}
 		if err := sub.Release(t.Context(), ms); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A consumer asking for one gets the head only; the tails go back.
 	ms, names := receive(t, sub, 1, 5*time.Second)
-	if !slices.Equal(names, []string{"a1@1"}) {
+	if len(ms) != 1 {
 		t.Fatalf("Receive(1) = %v", names)
 	}
 	sub.Ack(t.Context(), ms)
-	if _, names := receive(t, sub, 10, 5*time.Second); !slices.Equal(names, []string{"a2@1", "a3@1"}) {
-		t.Fatalf("after acking a1 received %v", names)
+	var got []string
+	for len(got) < 3 {
+		rs, names := receive(t, sub, 10, 5*time.Second)
+		if len(rs) == 0 {
+			t.Fatalf("after %v, nothing more", got)
+		}
+		sub.Ack(t.Context(), rs)
+		got = append(got, names...)
+	}
+	if want := []string{"a2@1", "a3@1"}; ms[0].Key == "B" {
+		got = got[:2]
+		if !slices.Equal(got, []string{"a1@1", "a2@1"}) {
+			t.Fatalf("after b1 received %v", got)
+		}
+	} else if !slices.Contains(got, want[0]) || !slices.Contains(got, want[1]) || slices.Index(got, "a2@1") > slices.Index(got, "a3@1") {
+		t.Fatalf("after a1 received %v, want a2 then a3 (and b1)", got)
 	}
 }
 
@@ -356,4 +383,127 @@ func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
 	if !slices.Equal(rest, []string{"a2@1"}) {
 		t.Fatalf("after a1 received %v, want a2 with attempt 1 (put back behind the hold, not counted)", rest)
 	}
+}
+
+// Several dead letters in one group: DeadLetters lists every one of them
+// (a FIFO dead-letter queue hands out nothing more of a group while one of
+// its messages is in flight), oldest first, and Redrive puts them back in
+// the order they died.
+func TestDeadLettersOfOneGroup(t *testing.T) {
+	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
+	var specs, want []string
+	for i := 1; i <= 14; i++ {
+		specs = append(specs, fmt.Sprintf("a%02d:A", i))
+		if i <= 3 {
+			specs = append(specs, fmt.Sprintf("b%02d:B", i))
+		}
+	}
+	send(t, topic, specs...)
+	for len(want) < len(specs) {
+		ms, _ := receive(t, sub, 10, 5*time.Second)
+		if len(ms) == 0 {
+			t.Fatalf("only %d of %d received", len(want), len(specs))
+		}
+		for _, m := range ms {
+			if err := sub.DeadLetter(t.Context(), m, "bad", 1); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, m.ID)
+		}
+	}
+	dls, err := sub.DeadLetters(t.Context(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, dl := range dls {
+		got = append(got, dl.Message.ID)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("DeadLetters listed %d: %v\nwant %d, oldest first: %v", len(got), got, len(want), want)
+	}
+	// Listing twice lists the same.
+	if again, err := sub.DeadLetters(t.Context(), 100); err != nil || len(again) != len(want) {
+		t.Fatalf("second listing: %d, %v", len(again), err)
+	}
+	n, err := sub.Redrive(t.Context(), got)
+	if err != nil || n != len(got) {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	if rest, err := sub.DeadLetters(t.Context(), 100); err != nil || len(rest) != 0 {
+		t.Fatalf("after Redrive %d dead letters left, %v", len(rest), err)
+	}
+	var back []string
+	for len(back) < len(want) {
+		ms, _ := receive(t, sub, 10, 5*time.Second)
+		if len(ms) == 0 {
+			t.Fatalf("redriven: only %v came back", back)
+		}
+		for _, m := range ms {
+			back = append(back, m.ID)
+		}
+		sub.Ack(t.Context(), ms)
+	}
+	for _, g := range []string{"/a", "/b"} {
+		var w, b []string
+		for _, id := range want {
+			if strings.Contains(id, g) {
+				w = append(w, id)
+			}
+		}
+		for _, id := range back {
+			if strings.Contains(id, g) {
+				b = append(b, id)
+			}
+		}
+		if !slices.Equal(w, b) {
+			t.Errorf("group %s redriven in order %v, want %v", g, b, w)
+		}
+	}
+}
+
+// The URL opener takes its credentials from the SDK's default chain: the
+// environment, or a shared credentials file with the URL's profile.
+func TestURLCredentialsChain(t *testing.T) {
+	client, endpoint := newClient(t)
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials")
+	for k, v := range map[string]string{
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": filepath.Join(dir, "config"),
+		"AWS_SHARED_CREDENTIALS_FILE": creds, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+		"AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_ROLE_ARN": "", "AWS_WEB_IDENTITY_TOKEN_FILE": "",
+		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "", "AWS_CONTAINER_CREDENTIALS_FULL_URI": "",
+	} {
+		t.Setenv(k, v)
+	}
+	name := uniqueQueue("cred")
+	base := "sqs://" + name + "?endpoint=" + url.QueryEscape(endpoint) + "&region=us-east-1"
+	ctx := t.Context()
+	t.Cleanup(func() {
+		if u, err := client.GetQueueUrl(context.Background(), &awssqs.GetQueueUrlInput{QueueName: aws.String(name)}); err == nil {
+			deleteQueues(client, aws.ToString(u.QueueUrl))
+		}
+	})
+	if _, err := adapters.DefaultMux().OpenTopic(ctx, base); err == nil {
+		t.Fatal("opened with no credentials anywhere")
+	}
+	if _, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=missing"); !errors.Is(err, keyorder.ErrBadURL) {
+		t.Fatalf("a profile that does not exist: %v, want ErrBadURL", err)
+	}
+	if err := os.WriteFile(creds, []byte("[keyorder-test]\naws_access_key_id = fromfile\naws_secret_access_key = secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	topic, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=keyorder-test")
+	if err != nil {
+		t.Fatalf("with the shared credentials file's profile: %v", err)
+	}
+	topic.Close()
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(dir, "none"))
+	t.Setenv("AWS_ACCESS_KEY_ID", "fromenv")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base)
+	if err != nil {
+		t.Fatalf("with environment credentials: %v", err)
+	}
+	sub.Close()
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ type Subscription struct {
 	lease    time.Duration
 	wait     time.Duration
 	book     *book
+	log      *slog.Logger
 
 	oldestFirst bool
 
@@ -76,13 +78,14 @@ func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	return &Subscription{
 		client: client, queueURL: queueURL, deadName: dead,
 		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
-		book: bookFor(queueURL), oldestFirst: o.OldestFirst,
+		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
 	}, nil
 }
 
-// book counts, per SQS message ID, the receives of a message that were not
-// attempts (not-before holds and put-backs). It is shared by the drivers of
-// one queue in the process and remembers the last bookMax messages.
+// book counts, per SQS message ID, the put-backs this driver made of a
+// message received as its group's head (Release, OldestFirst's surplus):
+// receives that were not attempts and that no other process can tell from
+// one. It remembers the last bookMax messages.
 type book struct {
 	mu    sync.Mutex
 	n     map[string]int
@@ -91,13 +94,6 @@ type book struct {
 }
 
 const bookMax = 100_000
-
-var books sync.Map // queue URL -> *book
-
-func bookFor(queueURL string) *book {
-	b, _ := books.LoadOrStore(queueURL, &book{n: map[string]int{}})
-	return b.(*book)
-}
 
 func (b *book) add(id string) {
 	b.mu.Lock()
@@ -135,12 +131,21 @@ func (s *Subscription) isClosed() bool {
 // receiveTimeout bounds one ReceiveMessage call beyond its wait.
 const receiveTimeout = 15 * time.Second
 
-// Receive long-polls for up to maxMessages (at most 10) until at least one
-// is deliverable or ctx is done. A poll in flight is not cancelled by ctx
-// (see the package documentation); messages it brings after ctx ended are
-// returned together with ctx's error.
+// Receive long-polls until at least one message is deliverable or ctx is
+// done, and returns up to maxMessages (at most 10). A poll in flight is not
+// cancelled by ctx (see the package documentation); messages it brings
+// after ctx ended are returned together with ctx's error.
+//
+// Under Ordered (without OldestFirst) each ReceiveMessage call asks for one
+// message, so every message is received as its group's head: SQS counts
+// every receive, and a message received behind its head and put back
+// unrun would count as an attempt wherever it is received next (see
+// attempt). Once one call returns a message, maxMessages-1 more calls
+// without wait run at once, each taking the head of another group (SQS
+// hands out nothing of a group with a message in flight).
 func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
+	heads := s.ordering == policy.Ordered && !s.oldestFirst
 	for {
 		if s.isClosed() {
 			return nil, errClosed
@@ -155,8 +160,11 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		// OldestFirst asks for a full batch: SQS does not hand out groups
 		// oldest first, so Receive chooses the oldest heads itself (see fit).
 		ask := maxMessages
-		if s.oldestFirst {
+		switch {
+		case s.oldestFirst:
 			ask = MaxBatchMessages
+		case heads:
+			ask = 1
 		}
 		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
 		if err != nil {
@@ -164,6 +172,9 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 				return nil, ctx.Err()
 			}
 			return nil, err
+		}
+		if heads && len(raw) > 0 && maxMessages > 1 {
+			raw = append(raw, s.moreHeads(ctx, maxMessages-1)...)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
@@ -180,6 +191,29 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 	}
 }
 
+// moreHeads receives up to n more messages, one per call, n calls at once,
+// without waiting. A failing call is logged; the messages of the others are
+// returned.
+func (s *Subscription) moreHeads(ctx context.Context, n int) []types.Message {
+	var mu sync.Mutex
+	var out []types.Message
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			raw, err := s.receiveRaw(ctx, s.queueURL, 1, 0, s.lease)
+			if err != nil {
+				s.log.Warn("keyorder sqs: receive failed; the other calls' messages are returned", "queue", s.queueURL, "err", err)
+				return
+			}
+			mu.Lock()
+			out = append(out, raw...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
 func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+receiveTimeout)
 	defer cancel()
@@ -193,8 +227,12 @@ func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, w
 			types.MessageSystemAttributeNameSentTimestamp,
 			types.MessageSystemAttributeNameMessageGroupId,
 			types.MessageSystemAttributeNameSequenceNumber,
+			types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp,
+			types.MessageSystemAttributeNameMessageDeduplicationId,
 		},
 		MessageAttributeNames: []string{"All"},
+		// An SDK retry of this call returns the same messages (see client).
+		ReceiveRequestAttemptId: aws.String(randomID()),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sqs: receive from %s: %w", queueURL, err)
@@ -206,14 +244,18 @@ func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
 
 // admit decodes received messages, holds those whose not-before time is
 // more than a second away (and puts back their groups' later messages), and
-// returns the rest with each group's messages consecutive, in order.
+// returns the rest with each group's messages consecutive, in order. What it
+// cannot hand back (a failed hold or put-back) it logs: the messages then
+// stay in flight until their visibility timeout, holding their groups.
 func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
 	now := time.Now()
 	held := map[string]bool{}
+	seen := map[string]bool{}
 	var out, back []*adapters.Message
 	for i := range raw {
-		m := s.decode(&raw[i])
-		g := groupOf(m)
+		g := raw[i].Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		m := s.decode(&raw[i], seen[g])
+		seen[g] = true
 		switch {
 		case held[g]:
 			back = append(back, m)
@@ -223,22 +265,35 @@ func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
 			ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
 			// Holding it in flight holds its group. If the call fails, the
 			// message stays in flight for the lease and comes back then.
-			s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+			// The hold is not an attempt: decode recognises the receive
+			// as early by its ApproximateFirstReceiveTimestamp.
+			_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 				QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
 				VisibilityTimeout: seconds(time.Until(m.NotBefore)),
 			})
 			cancel()
-			s.book.add(d.sqsID)
+			if err != nil {
+				s.log.Warn("keyorder sqs: holding a message until its not-before time failed; it comes back after the visibility timeout",
+					"queue", s.queueURL, "id", m.ID, "err", err)
+			}
 		default:
 			out = append(out, m)
 		}
 	}
 	if len(back) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
-		s.Release(ctx, back)
-		cancel()
+		s.putBack(back, "behind a held message")
 	}
 	return groupOrder(out)
+}
+
+// putBack releases messages the subscriber never saw, logging a failure.
+func (s *Subscription) putBack(ms []*adapters.Message, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+	defer cancel()
+	if err := s.Release(ctx, ms); err != nil {
+		s.log.Warn("keyorder sqs: putting back received messages failed; they come back after the visibility timeout",
+			"queue", s.queueURL, "why", why, "count", len(ms), "err", err)
+	}
 }
 
 // groupOrder makes each group's messages consecutive (stable, groups in
@@ -312,15 +367,14 @@ func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
 		back = append(back, c.ms[take[i]:]...)
 	}
 	if len(back) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
-		s.Release(ctx, back)
-		cancel()
+		s.putBack(back, "surplus of an oldest-first receive")
 	}
 	return out
 }
 
-// decode converts a received message.
-func (s *Subscription) decode(rm *types.Message) *adapters.Message {
+// decode converts a received message. tail reports that an earlier message
+// of its group came in the same receive (see attempt).
+func (s *Subscription) decode(rm *types.Message, tail bool) *adapters.Message {
 	d := &delivery{
 		receipt: aws.ToString(rm.ReceiptHandle),
 		sqsID:   aws.ToString(rm.MessageId),
@@ -357,13 +411,53 @@ func (s *Subscription) decode(rm *types.Message) *adapters.Message {
 	if m.ID == "" {
 		m.ID = d.sqsID
 	}
-	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
-	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
-	m.Attempt = prior + max(n-s.book.get(d.sqsID), 1)
+	m.Attempt = s.attempt(rm, m, tail)
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)
 	}
 	return m
+}
+
+// attempt computes a received message's Message.Attempt: the attempts it
+// carries from before a requeue (keyorder-attempts), plus this one, plus the
+// earlier receives of this copy that were attempts. SQS counts every receive
+// (ApproximateReceiveCount) and keeps nothing else a process could write
+// without moving the message to the end of its group, so the earlier
+// receives that were not attempts are recognised from what the receive
+// itself shows:
+//
+//   - A tail under Ordered (an earlier message of its group came in the
+//     same receive): none of its earlier receives was an attempt. Each of
+//     them returned a prefix of the group, so it included that earlier
+//     message, which is still in the queue: it was neither acknowledged nor
+//     dead-lettered then, and under Ordered nothing behind an unsettled
+//     message runs. Those receives were put-backs behind a failed or held
+//     head, or the leases of a process that stopped or crashed while the
+//     head was unsettled (a lost lease counts for the head only).
+//   - A receive more than a second before the message's not-before time
+//     was a hold, never an attempt; the first receive's time is known
+//     (ApproximateFirstReceiveTimestamp).
+//   - The put-backs this driver made itself (its book).
+//
+// Every other earlier receive counts: a failed attempt (Nack), or a lost
+// lease of a message that may have been running. What stays uncounted by
+// this rule is a group head put back unrun by another process (a graceful
+// shutdown's pending messages, an OldestFirst surplus): see Delivery
+// semantics in the package documentation.
+func (s *Subscription) attempt(rm *types.Message, m *adapters.Message, tail bool) int {
+	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
+	if tail && s.ordering == policy.Ordered {
+		return prior + 1
+	}
+	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+	n -= s.book.get(m.AckID.(*delivery).sqsID)
+	if !m.NotBefore.IsZero() {
+		if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)], 10, 64); err == nil &&
+			m.NotBefore.Sub(time.UnixMilli(ms)) > time.Second {
+			n--
+		}
+	}
+	return prior + max(n, 1)
 }
 
 // Ack deletes messages with DeleteMessageBatch.
@@ -444,11 +538,19 @@ func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay t
 
 // Release makes messages visible again at once, in order, and records that
 // their receive was not an attempt.
+//
+// It goes from the last message to the first: ElasticMQ hands out a
+// group's visible message while a later one of the group is still in
+// flight (only earlier ones in flight block it), so making the first
+// visible first would let another consumer receive it alone, and the rest
+// of its group separately, later.
 func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
-	for _, m := range ms {
+	rev := make([]*adapters.Message, len(ms))
+	for i, m := range ms {
 		s.book.add(m.AckID.(*delivery).sqsID)
+		rev[len(ms)-1-i] = m
 	}
-	_, err := s.changeVisibility(ctx, ms, 0)
+	_, err := s.changeVisibility(ctx, rev, 0)
 	return err
 }
 
@@ -566,60 +668,169 @@ type deadMessage struct {
 }
 
 // maxDeadScan bounds how many dead letters one DeadLetters or Redrive call
-// takes in flight.
+// visits.
 const maxDeadScan = 10_000
 
-// scanDead receives the dead-letter queue's messages (up to limit), leaving
-// them in flight for the caller to release or delete, oldest dead first.
-func (s *Subscription) scanDead(ctx context.Context, dq string, limit int) ([]deadMessage, error) {
+// walkDead visits every dead letter of the dead-letter queue once, each
+// group in order, and calls take for it: a dead letter take takes out (it
+// redrives and deletes it) is gone; the others are moved to the end of their
+// group. It returns the dead letters it moved.
+//
+// Why move them: a FIFO queue hands out nothing more of a group while one
+// of its messages is in flight, and one receive returns at most 10
+// messages, so receiving alone cannot reach a group's later dead letters
+// (a scan that kept what it received in flight listed 153 of 161). Each
+// dead letter received is sent again to the end of its group, with a
+// deduplication ID of this walk, and the original deleted: the group's next
+// ones come, and after them the walk's own copies, in the original order.
+// A group is done when its first copy comes round: that copy is held in
+// flight until the walk ends, which holds the group; the walk ends when a
+// receive brings nothing. Dead letters keep their attributes (reason,
+// attempts, time); only their SQS message IDs change. A walk interrupted
+// between a copy and the delete of its original leaves a duplicate, which
+// the next walk deletes.
+func (s *Subscription) walkDead(ctx context.Context, dq string, take func(dm deadMessage) (bool, error)) ([]deadMessage, error) {
+	prefix := "walk-" + randomID() + "-"
+	type key struct {
+		id string
+		at time.Time
+	}
+	seen := map[key]bool{}
+	done := map[string]bool{} // groups whose copies came round
 	var out []deadMessage
-	for len(out) < limit {
-		raw, err := s.receiveRaw(ctx, dq, MaxBatchMessages, 0, 60*time.Second)
+	var parked []types.Message // received from done groups, held in flight
+	defer func() { s.releaseDead(dq, parked) }()
+	visited, copies := 0, 0 // copies numbers the copies: a deduplication ID used twice would drop one
+	for visited < maxDeadScan {
+		raw, err := s.receiveRaw(ctx, dq, MaxBatchMessages, time.Second, 60*time.Second)
 		if err != nil {
-			s.releaseDead(dq, out)
 			return nil, err
 		}
 		if len(raw) == 0 {
-			break
+			break // what is left is held in flight: the groups that came round
 		}
-		for _, rm := range raw {
-			m := s.decode(&rm)
-			dm := deadMessage{rm: rm}
-			dm.dl.Message = *m
-			dm.dl.Message.AckID = nil
-			dm.dl.Message.Attempt = 0
-			dm.dl.Reason = attrString(rm.MessageAttributes[AttrReason])
-			dm.dl.Attempts, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
-			dm.dl.DeadAt, _ = time.Parse(time.RFC3339Nano, attrString(rm.MessageAttributes[AttrDeadAt]))
+		var move []types.Message
+		for i, rm := range raw {
+			group := rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+			ours := strings.HasPrefix(rm.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)], prefix)
+			dm := s.deadOf(rm)
+			k := key{dm.dl.Message.ID, dm.dl.DeadAt}
+			switch {
+			case done[group] || ours:
+				done[group] = true
+				parked = append(parked, rm)
+				continue
+			case seen[k]:
+				// A duplicate an interrupted walk left.
+				if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: rm.ReceiptHandle}); err != nil {
+					s.log.Warn("keyorder sqs: deleting a duplicate dead letter failed", "queue", dq, "id", dm.dl.Message.ID, "err", err)
+				}
+				continue
+			}
+			seen[k] = true
+			visited++
+			if take != nil {
+				taken, err := take(dm)
+				if err != nil {
+					parked = append(parked, move...)
+					parked = append(parked, raw[i:]...)
+					return nil, err
+				}
+				if taken {
+					continue
+				}
+			}
 			out = append(out, dm)
+			move = append(move, rm)
+		}
+		if len(move) > 0 {
+			if err := s.moveDead(ctx, dq, move, prefix, copies); err != nil {
+				return nil, err
+			}
+			copies += len(move)
 		}
 	}
 	slices.SortStableFunc(out, func(a, b deadMessage) int { return a.dl.DeadAt.Compare(b.dl.DeadAt) })
 	return out, nil
 }
 
-// releaseDead makes received dead letters visible again.
-func (s *Subscription) releaseDead(dq string, dms []deadMessage) error {
+// deadOf converts a received dead letter.
+func (s *Subscription) deadOf(rm types.Message) deadMessage {
+	m := s.decode(&rm, false)
+	dm := deadMessage{rm: rm}
+	dm.dl.Message = *m
+	dm.dl.Message.AckID = nil
+	dm.dl.Message.Attempt = 0
+	dm.dl.Reason = attrString(rm.MessageAttributes[AttrReason])
+	dm.dl.Attempts, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
+	dm.dl.DeadAt, _ = time.Parse(time.RFC3339Nano, attrString(rm.MessageAttributes[AttrDeadAt]))
+	return dm
+}
+
+// moveDead sends copies of received dead letters to the end of their groups,
+// in order, with deduplication IDs prefix+n..., and deletes the originals
+// whose copy was stored. What it could not move goes back (visible again).
+func (s *Subscription) moveDead(ctx context.Context, dq string, rms []types.Message, prefix string, n int) error {
+	entries := make([]types.SendMessageBatchRequestEntry, len(rms))
+	for i, rm := range rms {
+		entries[i] = types.SendMessageBatchRequestEntry{
+			Id:                     aws.String(strconv.Itoa(i)),
+			MessageBody:            rm.Body,
+			MessageAttributes:      rm.MessageAttributes,
+			MessageGroupId:         aws.String(rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]),
+			MessageDeduplicationId: aws.String(prefix + strconv.Itoa(n+i)),
+		}
+	}
+	out, err := s.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(dq), Entries: entries})
+	if err == nil && len(out.Failed) > 0 {
+		err = batchError("send", out.Failed)
+	}
+	if err != nil {
+		// Some copies may be stored: the next walk deletes the duplicates.
+		s.releaseDead(dq, rms)
+		return fmt.Errorf("sqs: dead-letter walk of %s: %w", dq, err)
+	}
+	del := make([]types.DeleteMessageBatchRequestEntry, len(rms))
+	for i, rm := range rms {
+		del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: rm.ReceiptHandle}
+	}
+	dout, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(dq), Entries: del})
+	if err == nil && len(dout.Failed) > 0 {
+		err = batchError("delete", dout.Failed)
+	}
+	if err != nil {
+		return fmt.Errorf("sqs: dead-letter walk of %s: the moved originals stay besides their copies (the next walk deletes them): %w", dq, err)
+	}
+	return nil
+}
+
+// releaseDead makes received dead letters visible again, last first (see
+// Release).
+func (s *Subscription) releaseDead(dq string, rms []types.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	for start := 0; start < len(dms); start += MaxBatchMessages {
-		chunk := dms[start:min(start+MaxBatchMessages, len(dms))]
+	for end := len(rms); end > 0; end -= MaxBatchMessages {
+		chunk := rms[max(end-MaxBatchMessages, 0):end]
 		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
-		for i, dm := range chunk {
-			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: dm.rm.ReceiptHandle}
+		for i := range chunk {
+			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: chunk[len(chunk)-1-i].ReceiptHandle}
 		}
 		if _, err := s.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(dq), Entries: entries}); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		s.log.Warn("keyorder sqs: releasing dead letters failed; they are visible again after 60s", "queue", dq, "err", err)
+		return err
+	}
+	return nil
 }
 
-// DeadLetters lists up to limit dead letters, oldest first. It receives
-// them from the dead-letter queue and makes them visible again, so a
-// concurrent DeadLetters or Redrive call (in any process) does not see the
-// ones being listed for that moment.
+// DeadLetters lists up to limit dead letters, oldest first. It visits every
+// dead letter of the dead-letter queue (see walkDead: each is moved to the
+// end of its group, in order), so a concurrent DeadLetters or Redrive call
+// (in any process) may miss the ones being listed for that moment.
 func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	if s.isClosed() {
 		return nil, errClosed
@@ -628,11 +839,10 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 	if err != nil {
 		return nil, err
 	}
-	dms, err := s.scanDead(ctx, dq, maxDeadScan)
+	dms, err := s.walkDead(ctx, dq, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer s.releaseDead(dq, dms)
 	var out []adapters.DeadLetter
 	for _, dm := range dms[:min(len(dms), max(limit, 0))] {
 		out = append(out, dm.dl)
@@ -640,10 +850,10 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 	return out, nil
 }
 
-// Redrive sends the dead letters with these IDs back to the queue, in the
-// order they died, behind everything queued meanwhile in their group (with
-// a new deduplication ID and a fresh attempt count), then deletes them from
-// the dead-letter queue.
+// Redrive sends the dead letters with these IDs back to the queue, each
+// group's in the order they died, behind everything queued meanwhile in
+// their group (with a new deduplication ID and a fresh attempt count), and
+// deletes them from the dead-letter queue. It stops at the first failure.
 func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	if s.isClosed() {
 		return 0, errClosed
@@ -652,21 +862,14 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	dms, err := s.scanDead(ctx, dq, maxDeadScan)
-	if err != nil {
-		return 0, err
-	}
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
-	var rest []deadMessage
 	n := 0
-	var errs []error
-	for i, dm := range dms {
+	_, err = s.walkDead(ctx, dq, func(dm deadMessage) (bool, error) {
 		if !want[dm.dl.Message.ID] {
-			rest = append(rest, dm)
-			continue
+			return false, nil
 		}
 		attrs := map[string]types.MessageAttributeValue{}
 		for k, v := range dm.rm.MessageAttributes {
@@ -675,25 +878,20 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 			}
 		}
 		group := dm.rm.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
-		_, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
+		if _, err := s.client.SendMessage(ctx, &sqs.SendMessageInput{
 			QueueUrl: aws.String(s.queueURL), MessageBody: dm.rm.Body, MessageAttributes: attrs,
 			MessageGroupId:         aws.String(group),
 			MessageDeduplicationId: aws.String(dedupID(dm.dl.Message.ID + "/redrive/" + randomID())),
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err))
-			rest = append(rest, dms[i:]...)
-			break
-		}
-		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
-			errs = append(errs, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err))
+		}); err != nil {
+			return false, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err)
 		}
 		n++
-	}
-	if err := s.releaseDead(dq, rest); err != nil {
-		errs = append(errs, err)
-	}
-	return n, errors.Join(errs...)
+		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
+			return true, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err)
+		}
+		return true, nil
+	})
+	return n, err
 }
 
 // Capabilities describes the subscription: SQS holds groups natively.
