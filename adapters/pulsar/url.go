@@ -367,7 +367,6 @@ func checkSubscription(ctx context.Context, adminURL, topic, sub string, want po
 	return nil
 }
 
-
 // warnOnly passes on warnings and errors only: the client logs every
 // connection and subscription at INFO.
 type warnOnly struct{ slog.Handler }
