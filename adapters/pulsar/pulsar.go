@@ -236,10 +236,10 @@ func errorCode(err error) keyorder.ErrorCode {
 	return keyorder.CodeUnknown
 }
 
-// mismatch wraps a broker refusal of a consumer of another subscription type.
+// mismatch wraps a broker refusal (ConsumerBusy: "Subscription is of
+// different type"; the client reports it as text only) of a consumer of another subscription type.
 func mismatch(err error) error {
-	var pe *pulsar.Error
-	if errors.As(err, &pe) && pe.Result() == pulsar.ConsumerBusy && strings.Contains(pe.Error(), "different type") {
+	if err != nil && strings.Contains(err.Error(), "Subscription is of different type") {
 		return fmt.Errorf("%w: %w", ErrOrderingMismatch, err)
 	}
 	return err
