@@ -114,6 +114,16 @@ func (f *inFlight) finish(key string, n int) {
 	}
 }
 
+func (f *inFlight) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, h := range f.handled {
+		n += len(h)
+	}
+	return n
+}
+
 func (f *inFlight) complete(keys, perKey int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -133,7 +143,7 @@ func (f *inFlight) complete(keys, perKey int) bool {
 func TestConsumersJoinAndLeave(t *testing.T) {
 	ctx := context.Background()
 	topicName := uniqueTopic("join")
-	const keys, perKey = 20, 60
+	const keys, perKey = 20, 100
 	f := &inFlight{running: map[string]int{}, done: map[string]int{}, handled: map[string][]int{}}
 	handler := func(ctx context.Context, d *keyorder.Delivery) error {
 		key, ns, _ := strings.Cut(string(d.Payload), "/")
@@ -144,7 +154,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 		// handlers that run.
 		select {
 		case <-ctx.Done():
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 		return nil
 	}
@@ -186,30 +196,34 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for i := range perKey {
-		switch i {
-		case perKey / 3:
-			start() // a third consumer joins
-		case 2 * perKey / 3:
-			// The first leaves gracefully: running handlers finish, what it
-			// holds returns to the broker when it disconnects.
-			sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-			if err := p1.sub.Shutdown(sctx); err != nil {
-				t.Errorf("shutdown: %v", err)
-			}
-			scancel()
-			<-p1.done
-		}
-		for k := range keys {
+	// Everything is published at once, so every key has a backlog that
+	// Key_Shared must keep on one consumer while consumers come and go.
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			key := "k" + strconv.Itoa(k)
-			if err := pub.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte(key + "/" + strconv.Itoa(i))}); err != nil {
-				t.Fatal(err)
+			for i := range perKey {
+				if err := pub.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte(key + "/" + strconv.Itoa(i))}); err != nil {
+					t.Error(err)
+					return
+				}
 			}
-		}
-		<-tick.C
+		}()
 	}
+	wg.Wait()
+	waitFor(t, 60*time.Second, "a third handled", func() bool { return f.count() >= keys*perKey/3 })
+	start() // a third consumer joins
+	waitFor(t, 60*time.Second, "two thirds handled", func() bool { return f.count() >= 2*keys*perKey/3 })
+	// The first leaves gracefully: running handlers finish, what it holds
+	// returns to the broker when it disconnects.
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	if err := p1.sub.Shutdown(sctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	scancel()
+	<-p1.done
 	waitFor(t, 60*time.Second, "every message handled", func() bool { return f.complete(keys, perKey) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -220,6 +234,11 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	for k := range keys {
 		key := "k" + strconv.Itoa(k)
 		dups += len(f.handled[key]) - perKey
+		for i := range perKey {
+			if !slices.Contains(f.handled[key], i) {
+				t.Errorf("%s/%d lost", key, i)
+			}
+		}
 	}
 	t.Logf("%d messages handled, %d redeliveries of finished messages", keys*perKey+dups, dups)
 }
