@@ -25,6 +25,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -43,16 +44,18 @@ import (
 )
 
 var (
-	brokerURL = flag.String("url", os.Getenv("KEYORDER_PULSAR_URL"), "Pulsar service URL")
-	nMsgs     = flag.Int("n", 20_000, "messages per run")
-	nKeys     = flag.Int("keys", 200, "distinct ordering keys")
-	size      = flag.Int("size", 100, "payload bytes")
-	rounds    = flag.Int("rounds", 1, "rounds (medians are reported when > 1)")
-	workers   = flag.Int("workers", 64, "keyorder lanes")
-	queue     = flag.Int("receiverqueue", 1000, "consumer receiver queue size (both)")
-	chunk     = flag.Int("chunk", 1000, "messages per keyorder PublishBatch call")
-	delay     = flag.Duration("batchdelay", 10*time.Millisecond, "producers' batching delay (both; the client's default is 10ms, the driver's 1ms)")
-	timeout   = flag.Duration("timeout", 2*time.Minute, "give up a run after this long")
+	brokerURL  = flag.String("url", os.Getenv("KEYORDER_PULSAR_URL"), "Pulsar service URL")
+	nMsgs      = flag.Int("n", 20_000, "messages per run")
+	nKeys      = flag.Int("keys", 200, "distinct ordering keys")
+	size       = flag.Int("size", 100, "payload bytes")
+	rounds     = flag.Int("rounds", 1, "rounds (medians are reported when > 1)")
+	workers    = flag.Int("workers", 64, "keyorder lanes")
+	queue      = flag.Int("receiverqueue", 1000, "consumer receiver queue size (both)")
+	chunk      = flag.Int("chunk", 1000, "messages per keyorder PublishBatch call")
+	publishers = flag.Int("publishers", 4, "keyorder publishing goroutines (each owns a share of the keys)")
+	delay      = flag.Duration("batchdelay", 10*time.Millisecond, "producers' batching delay (both; the client's default is 10ms, the driver's 1ms)")
+	cpuprof    = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	timeout    = flag.Duration("timeout", 2*time.Minute, "give up a run after this long")
 )
 
 // result is one run of one variant.
@@ -228,12 +231,26 @@ func ordered(round int) result {
 		ms[i] = &keyorder.Message{Key: keys[i], Payload: payloads[i]}
 	}
 	var res result
-	began := time.Now()
-	for c := range slices.Chunk(ms, *chunk) {
-		if err := pub.PublishBatch(ctx, c); err != nil {
-			log.Fatal(err)
-		}
+	// -publishers goroutines, each owning a share of the keys and
+	// publishing its messages in order, -chunk at a time.
+	shares := make([][]*keyorder.Message, *publishers)
+	for i, m := range ms {
+		shares[(i%*nKeys)%*publishers] = append(shares[(i%*nKeys)%*publishers], m)
 	}
+	began := time.Now()
+	var wg sync.WaitGroup
+	for _, share := range shares {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range slices.Chunk(share, *chunk) {
+				if err := pub.PublishBatch(ctx, c); err != nil {
+					log.Fatal(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	res.publish = float64(len(keys)) / time.Since(began).Seconds()
 	pub.Close(ctx)
 
@@ -281,6 +298,14 @@ func main() {
 	flag.Parse()
 	if *brokerURL == "" {
 		log.Fatal("no broker: set -url or KEYORDER_PULSAR_URL")
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	var raws, kos []result
