@@ -362,3 +362,50 @@ func TestURLOpener(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A dead letter is a message on <topic>-<subscription>-dead with its key,
+// headers, ID, reason and attempts; the original is acknowledged.
+func TestDeadLetterTopic(t *testing.T) {
+	client := newClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topicName := uniqueTopic("dlq")
+	drv, err := pulsar.OpenSubscription(ctx, client, topicName, "apply", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.Close()
+	topic, err := pulsar.OpenTopic(ctx, client, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer topic.Close()
+	if err := topic.SendBatch(ctx, []*adapters.Message{{ID: "m1", Key: "acct-42", Payload: []byte("p"), Headers: map[string]string{"h": "v"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := drv.Receive(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := drv.DeadLetter(ctx, ms[0], "permanent: bad account", 3); err != nil {
+		t.Fatal(err)
+	}
+	r, err := client.CreateReader(gopulsar.ReaderOptions{Topic: pulsar.DeadLetterTopic(topicName, "apply"), StartMessageID: gopulsar.EarliestMessageID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := m.Properties()
+	if m.Key() != "acct-42" || string(m.Payload()) != "p" || p[pulsar.PropID] != "m1" || p["h"] != "v" ||
+		p[pulsar.PropReason] != "permanent: bad account" || p[pulsar.PropAttempts] != "3" || p[pulsar.PropDeadAt] == "" {
+		t.Fatalf("dead letter key %q payload %q properties %v", m.Key(), m.Payload(), p)
+	}
+	dls, err := drv.DeadLetters(ctx, 0)
+	if err != nil || len(dls) != 1 || dls[0].Message.ID != "m1" || dls[0].Attempts != 3 || dls[0].Message.Headers["h"] != "v" {
+		t.Fatalf("DeadLetters = %+v, %v", dls, err)
+	}
+}
