@@ -254,7 +254,7 @@ func (s *Subscription) track(g *generation, pm pulsar.Message) *adapters.Message
 // fromMessage converts a Pulsar message: its key becomes Key, the reserved
 // properties ID and NotBefore, the rest Headers.
 func fromMessage(pm pulsar.Message) *adapters.Message {
-	m := &adapters.Message{ID: idString(pm.ID()), Key: pm.Key(), Payload: pm.Payload(), PublishTime: pm.PublishTime()}
+	m := &adapters.Message{Key: pm.Key(), Payload: pm.Payload(), PublishTime: pm.PublishTime()}
 	if k := pm.OrderingKey(); k != "" {
 		m.Key = k
 	}
@@ -273,6 +273,9 @@ func fromMessage(pm pulsar.Message) *adapters.Message {
 			m.Headers = make(map[string]string, len(pm.Properties()))
 		}
 		m.Headers[k] = v
+	}
+	if m.ID == "" {
+		m.ID = idString(pm.ID())
 	}
 	return m
 }
@@ -301,19 +304,33 @@ func (s *Subscription) untrack(d *delivery) {
 // acknowledgment is on). A message whose consumer was given up fails with
 // a lost-consumer error: the broker redelivers it.
 func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+	ds := make([]*delivery, len(ms))
 	var first error
-	for _, m := range ms {
+	s.mu.Lock()
+	for i, m := range ms {
 		d, err := deliveryOf(m)
-		if err == nil {
-			s.untrack(d)
-			if d.lost() {
-				err = errLostConsumer
-			} else {
-				err = d.gen.consumer.AckID(d.id)
+		if err != nil {
+			if first == nil {
+				first = err
 			}
+			continue
+		}
+		delete(s.tracked, d)
+		ds[i] = d
+	}
+	s.mu.Unlock()
+	for i, d := range ds {
+		if d == nil {
+			continue
+		}
+		var err error
+		if d.lost() {
+			err = errLostConsumer
+		} else {
+			err = d.gen.consumer.AckID(d.id)
 		}
 		if err != nil && first == nil {
-			first = fmt.Errorf("pulsar: ack %q: %w", m.ID, err)
+			first = fmt.Errorf("pulsar: ack %q: %w", ms[i].ID, err)
 		}
 	}
 	return first
