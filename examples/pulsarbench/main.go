@@ -22,7 +22,6 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
-	"log"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -121,7 +120,7 @@ func newClient() gopulsar.Client {
 		Logger: pulsarlog.NewLoggerWithSlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 	})
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	return c
 }
@@ -144,7 +143,7 @@ func raw(round int) result {
 	}
 	c, err := client.Subscribe(opts) // creates the subscription
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	c.Close()
 	p, err := client.CreateProducer(gopulsar.ProducerOptions{
@@ -152,7 +151,7 @@ func raw(round int) result {
 		BatchingMaxPublishDelay: *delay,
 	})
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	keys, payloads := messages()
 	var res result
@@ -174,14 +173,14 @@ func raw(round int) result {
 	res.publish = float64(len(keys)) / time.Since(began).Seconds()
 	p.Close()
 	if failed.Load() > 0 {
-		log.Fatalf("raw: %d sends failed", failed.Load())
+		die("raw: %d sends failed", failed.Load())
 	}
 
 	check := newOrderCheck(len(keys))
 	began = time.Now()
 	c, err = client.Subscribe(opts)
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	defer c.Close()
 	go func() {
@@ -198,7 +197,7 @@ func raw(round int) result {
 	select {
 	case <-check.done:
 	case <-ctx.Done():
-		log.Fatalf("raw: consumed %d of %d before the timeout", check.handled.Load(), len(keys))
+		die("raw: consumed %d of %d before the timeout", check.handled.Load(), len(keys))
 	}
 	res.consume = float64(len(keys)) / time.Since(began).Seconds()
 	res.violations, res.dups = check.violations, check.dups
@@ -214,16 +213,16 @@ func ordered(round int) result {
 	sopts := &pulsar.SubscriptionOptions{Ordering: policy.Ordered, ReceiverQueueSize: *queue}
 	drv, err := pulsar.OpenSubscription(ctx, client, name, "bench", sopts) // creates the subscription
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	drv.Close()
 	topic, err := pulsar.OpenTopic(ctx, client, name, &pulsar.TopicOptions{BatchingMaxPublishDelay: *delay})
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	pub, err := publish.New(topic, nil)
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	keys, payloads := messages()
 	ms := make([]*keyorder.Message, len(keys))
@@ -245,7 +244,7 @@ func ordered(round int) result {
 			defer wg.Done()
 			for c := range slices.Chunk(share, *chunk) {
 				if err := pub.PublishBatch(ctx, c); err != nil {
-					log.Fatal(err)
+					die(err)
 				}
 			}
 		}()
@@ -258,11 +257,11 @@ func ordered(round int) result {
 	began = time.Now()
 	drv, err = pulsar.OpenSubscription(ctx, client, name, "bench", sopts)
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	sub, err := subscribe.New(drv, &subscribe.Config{Workers: *workers, MaxOutstanding: *queue})
 	if err != nil {
-		log.Fatal(err)
+		die(err)
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -275,7 +274,7 @@ func ordered(round int) result {
 	select {
 	case <-check.done:
 	case <-ctx.Done():
-		log.Fatalf("keyorder: consumed %d of %d before the timeout", check.handled.Load(), len(keys))
+		die("keyorder: consumed %d of %d before the timeout", check.handled.Load(), len(keys))
 	}
 	res.consume = float64(len(keys)) / time.Since(began).Seconds()
 	stop()
@@ -297,12 +296,12 @@ func median(rs []result, f func(result) float64) float64 {
 func main() {
 	flag.Parse()
 	if *brokerURL == "" {
-		log.Fatal("no broker: set -url or KEYORDER_PULSAR_URL")
+		die("no broker: set -url or KEYORDER_PULSAR_URL")
 	}
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
 		if err != nil {
-			log.Fatal(err)
+			die(err)
 		}
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
@@ -335,4 +334,15 @@ func main() {
 	tw.Flush()
 	fmt.Printf("%d messages of %d B over %d keys, key-based batching (delay %v); keyorder: Ordered, %d lanes, receiver queue %d\n",
 		*nMsgs, *size, *nKeys, *delay, *workers, *queue)
+}
+
+// die reports err and exits (the log package's output goes through slog,
+// which this program silences below errors).
+func die(format any, args ...any) {
+	if f, ok := format.(string); ok && len(args) > 0 {
+		fmt.Fprintf(os.Stderr, "pulsarbench: "+f+"\n", args...)
+	} else {
+		fmt.Fprintln(os.Stderr, "pulsarbench:", format)
+	}
+	os.Exit(1)
 }
