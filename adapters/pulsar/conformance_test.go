@@ -1,0 +1,74 @@
+package pulsar_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gopulsar "github.com/apache/pulsar-client-go/pulsar"
+	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/pulsar"
+	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/testenv"
+)
+
+var seq atomic.Int64
+
+// uniqueTopic returns a topic name no other case or run uses.
+func uniqueTopic(prefix string) string {
+	return fmt.Sprintf("persistent://public/default/%s-%d-%d", prefix, time.Now().UnixNano(), seq.Add(1))
+}
+
+// newClient connects to the test broker (KEYORDER_PULSAR_URL).
+func newClient(t testing.TB) gopulsar.Client {
+	t.Helper()
+	url := testenv.Require(t, testenv.Pulsar)
+	c, err := gopulsar.NewClient(gopulsar.ClientOptions{
+		URL: url, OperationTimeout: 30 * time.Second, ConnectionTimeout: 10 * time.Second,
+		Logger: pulsarlog.NewLoggerWithSlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// harness runs the suite on the standalone broker; each case gets its own
+// topic and subscription, and each consumer its own client (as a separate
+// process would).
+type harness struct{ client gopulsar.Client }
+
+func (h *harness) Capabilities() integration.Capabilities {
+	return integration.Capabilities{Unit: 250 * time.Millisecond}
+}
+
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+	topicName := uniqueTopic("t")
+	opts := &pulsar.SubscriptionOptions{
+		Ordering: spec.Ordering, Lease: spec.LeaseDuration,
+		AdminURL: os.Getenv("KEYORDER_PULSAR_ADMIN_URL"),
+	}
+	topic, err := pulsar.OpenTopic(ctx, h.client, topicName, nil)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { topic.Close() })
+	return &integration.Pair{
+		Topic: topic,
+		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+			c := newClient(t)
+			return pulsar.OpenSubscription(ctx, c, topicName, "s", opts)
+		},
+	}, nil
+}
+
+func TestConformance(t *testing.T) {
+	integration.Run(t, &harness{client: newClient(t)})
+}

@@ -1,0 +1,662 @@
+package pulsar
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// SubscriptionOptions configure a subscription driver, and the subscription
+// when its first consumer creates it. A nil *SubscriptionOptions means
+// defaults.
+type SubscriptionOptions struct {
+	// Ordering is the keyorder policy: Exclusive and Ordered consume a
+	// Key_Shared subscription, Parallel a Shared one. Defaults to
+	// policy.Parallel (zero) for typed use; the URL opener defaults to
+	// policy.Ordered.
+	Ordering policy.Ordering
+	// StickyHashRanges, when set, makes the Key_Shared consumer sticky to
+	// these hash ranges (pairs of inclusive start and end in [0, 65535])
+	// instead of the broker's auto-split.
+	StickyHashRanges []int
+	// ReceiverQueueSize is the client's prefetch. Defaults to
+	// ReceiverQueueDefault.
+	ReceiverQueueSize int
+	// Lease is how long a received message stays leased without
+	// ExtendLeases before the driver deems the consumer stuck (see the
+	// package documentation). Defaults to LeaseDefault.
+	Lease time.Duration
+	// MaxBatch is the most messages one Receive returns. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+	// AdminURL is the broker's admin service (http://host:8080). When set,
+	// opening checks the keyorder policy recorded on an existing
+	// subscription even when no consumer is attached.
+	AdminURL string
+	// Name is the consumer name (optional).
+	Name string
+	// Logger receives the driver's warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
+	var out SubscriptionOptions
+	if o != nil {
+		out = *o
+	}
+	if out.ReceiverQueueSize <= 0 {
+		out.ReceiverQueueSize = ReceiverQueueDefault
+	}
+	if out.Lease <= 0 {
+		out.Lease = LeaseDefault
+	}
+	if out.MaxBatch <= 0 {
+		out.MaxBatch = MaxBatchDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+// nackDelay is the redelivery delay of the watchdog's negative
+// acknowledgements; the driver never nacks otherwise.
+const nackDelay = 20 * time.Millisecond
+
+// generation is one Pulsar consumer of the driver; a stuck one is closed
+// and replaced.
+type generation struct {
+	consumer pulsar.Consumer
+	expired  chan struct{} // closed when the watchdog gives it up
+	once     sync.Once
+}
+
+// delivery is a received message's AckID.
+type delivery struct {
+	id  pulsar.MessageID
+	gen *generation
+	mu  sync.Mutex
+	// deadline is when the lease runs out unless extended.
+	deadline time.Time
+}
+
+func (d *delivery) lost() bool {
+	select {
+	case <-d.gen.expired:
+		return true
+	default:
+		return false
+	}
+}
+
+// Subscription is the adapters.Subscription driver of one consumer of a
+// Pulsar subscription (see the package documentation for leases).
+type Subscription struct {
+	client    pulsar.Client
+	topic     string
+	name      string
+	deadTopic string
+	opts      SubscriptionOptions
+	ownClient bool
+
+	mu       sync.Mutex
+	closed   bool
+	gen      *generation
+	tracked  map[*delivery]struct{}
+	deadProd pulsar.Producer // DeadLetter, redrive markers
+	topicPrd pulsar.Producer // Redrive
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+var (
+	_ adapters.Subscription    = (*Subscription)(nil)
+	_ adapters.DeadLetterStore = (*Subscription)(nil)
+)
+
+// DeadLetterTopic returns the dead-letter topic of subscription sub on
+// topic: <topic>-<sub>-dead.
+func DeadLetterTopic(topic, sub string) string { return topic + "-" + sub + "-dead" }
+
+// OpenSubscription subscribes to subscription sub of topic (created if
+// missing, with the policy recorded in its properties) and returns its
+// consuming driver. An existing subscription of another type fails with
+// ErrOrderingMismatch. The client stays the caller's: Close does not close
+// it.
+func OpenSubscription(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions) (*Subscription, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: pulsar.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
+	}
+	if sub == "" {
+		return nil, fmt.Errorf("%w: pulsar.OpenSubscription: empty subscription name", keyorder.ErrInvalidConfig)
+	}
+	o := opts.withDefaults()
+	if len(o.StickyHashRanges) > 0 {
+		if _, err := pulsar.NewKeySharedPolicySticky(o.StickyHashRanges); err != nil {
+			return nil, fmt.Errorf("%w: pulsar: sticky hash ranges: %v", keyorder.ErrInvalidConfig, err)
+		}
+	}
+	if o.AdminURL != "" {
+		if err := checkSubscription(ctx, o.AdminURL, topic, sub, o.Ordering); err != nil {
+			return nil, err
+		}
+	}
+	s := &Subscription{
+		client: client, topic: topic, name: sub, deadTopic: DeadLetterTopic(topic, sub),
+		opts: o, tracked: map[*delivery]struct{}{}, stop: make(chan struct{}),
+	}
+	if _, err := s.current(); err != nil {
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.watchdog()
+	return s, nil
+}
+
+func (s *Subscription) consumerOptions() pulsar.ConsumerOptions {
+	zero := int64(0)
+	co := pulsar.ConsumerOptions{
+		Topic:                          s.topic,
+		SubscriptionName:               s.name,
+		Name:                           s.opts.Name,
+		Type:                           pulsar.Shared,
+		SubscriptionInitialPosition:    pulsar.SubscriptionPositionEarliest,
+		SubscriptionProperties:         map[string]string{PropOrdering: s.opts.Ordering.String()},
+		ReceiverQueueSize:              s.opts.ReceiverQueueSize,
+		EnableBatchIndexAcknowledgment: true,
+		NackRedeliveryDelay:            nackDelay,
+		NackPrecisionBit:               &zero,
+	}
+	if s.opts.Ordering.Keyed() {
+		co.Type = pulsar.KeyShared
+		co.KeySharedPolicy = &pulsar.KeySharedPolicy{Mode: pulsar.KeySharedPolicyModeAutoSplit}
+		if len(s.opts.StickyHashRanges) > 0 {
+			co.KeySharedPolicy = &pulsar.KeySharedPolicy{Mode: pulsar.KeySharedPolicyModeSticky, HashRanges: s.opts.StickyHashRanges}
+		}
+	}
+	return co
+}
+
+// current returns the live consumer, subscribing when there is none.
+func (s *Subscription) current() (*generation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if s.gen != nil {
+		return s.gen, nil
+	}
+	c, err := s.client.Subscribe(s.consumerOptions())
+	if err != nil {
+		return nil, fmt.Errorf("pulsar: subscribe %s on %s: %w", s.name, s.topic, mismatch(err))
+	}
+	s.gen = &generation{consumer: c, expired: make(chan struct{})}
+	return s.gen, nil
+}
+
+// Receive waits for at least one message or ctx, and returns at most
+// maxMessages of those the client has prefetched, in arrival order (a key's
+// messages arrive in key order).
+func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
+		maxMessages = s.opts.MaxBatch
+	}
+	for {
+		g, err := s.current()
+		if err != nil {
+			return nil, err
+		}
+		ch := g.consumer.Chan()
+		var first pulsar.ConsumerMessage
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-g.expired:
+			continue
+		case first = <-ch:
+		}
+		out := []*adapters.Message{s.track(g, first.Message)}
+	more:
+		for len(out) < maxMessages {
+			select {
+			case cm := <-ch:
+				out = append(out, s.track(g, cm.Message))
+			default:
+				break more
+			}
+		}
+		return out, nil
+	}
+}
+
+func (s *Subscription) track(g *generation, pm pulsar.Message) *adapters.Message {
+	m := fromMessage(pm)
+	d := &delivery{id: pm.ID(), gen: g, deadline: time.Now().Add(s.opts.Lease)}
+	m.AckID = d
+	m.Attempt = int(pm.RedeliveryCount()) + 1
+	s.mu.Lock()
+	s.tracked[d] = struct{}{}
+	s.mu.Unlock()
+	return m
+}
+
+// fromMessage converts a Pulsar message: its key becomes Key, the reserved
+// properties ID and NotBefore, the rest Headers.
+func fromMessage(pm pulsar.Message) *adapters.Message {
+	m := &adapters.Message{Key: pm.Key(), Payload: pm.Payload(), PublishTime: pm.PublishTime()}
+	if k := pm.OrderingKey(); k != "" {
+		m.Key = k
+	}
+	for k, v := range pm.Properties() {
+		switch k {
+		case PropID:
+			m.ID = v
+			continue
+		case PropNotBefore:
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				m.NotBefore = t
+			}
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(pm.Properties()))
+		}
+		m.Headers[k] = v
+	}
+	if m.ID == "" {
+		m.ID = idString(pm.ID())
+	}
+	return m
+}
+
+// idString names a message (a batch member included) when it carries no
+// keyorder ID.
+func idString(id pulsar.MessageID) string {
+	return fmt.Sprintf("%d:%d:%d:%d", id.LedgerID(), id.EntryID(), id.PartitionIdx(), id.BatchIdx())
+}
+
+func deliveryOf(m *adapters.Message) (*delivery, error) {
+	d, ok := m.AckID.(*delivery)
+	if !ok || d == nil {
+		return nil, fmt.Errorf("pulsar: message %q was not received by this driver", m.ID)
+	}
+	return d, nil
+}
+
+func (s *Subscription) untrack(d *delivery) {
+	s.mu.Lock()
+	delete(s.tracked, d)
+	s.mu.Unlock()
+}
+
+// Ack acknowledges ms (batch members individually: batch index
+// acknowledgment is on). A message whose consumer was given up fails with
+// a lost-consumer error: the broker redelivers it.
+func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+	ds := make([]*delivery, len(ms))
+	var first error
+	s.mu.Lock()
+	for i, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		delete(s.tracked, d)
+		ds[i] = d
+	}
+	s.mu.Unlock()
+	for i, d := range ds {
+		if d == nil {
+			continue
+		}
+		var err error
+		if d.lost() {
+			err = errLostConsumer
+		} else {
+			err = d.gen.consumer.AckID(d.id)
+		}
+		if err != nil && first == nil {
+			first = fmt.Errorf("pulsar: ack %q: %w", ms[i].ID, err)
+		}
+	}
+	return first
+}
+
+// Nack negatively acknowledges m: the broker redelivers it after the
+// driver's short nack delay, counting the attempt, but AFTER its key's
+// later messages. The subscribe package never calls it (no native hold).
+func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	d, err := deliveryOf(m)
+	if err != nil {
+		return err
+	}
+	s.untrack(d)
+	if d.lost() {
+		return errLostConsumer
+	}
+	d.gen.consumer.NackID(d.id)
+	return nil
+}
+
+// Release forgets ms without settling them. They stay with this consumer,
+// unacknowledged, until it closes (at shutdown, right after): then the
+// broker redelivers them in position order, before their keys' later
+// messages, without counting an attempt. A nack would count one and replay
+// them out of order.
+func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			return err
+		}
+		s.untrack(d)
+	}
+	return nil
+}
+
+// ExtendLeases renews the leases of ms and returns those whose consumer
+// the watchdog already gave up (the broker redelivers them).
+func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+	now := time.Now()
+	var lost []*adapters.Message
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			return lost, err
+		}
+		if d.lost() {
+			lost = append(lost, m)
+			continue
+		}
+		d.mu.Lock()
+		d.deadline = now.Add(s.opts.Lease)
+		d.mu.Unlock()
+	}
+	return lost, nil
+}
+
+// watchdog gives up the consumer when a lease ran out: it stops Receive
+// taking from it, nacks the expired messages (so the broker counts the
+// attempt; a disconnect alone does not), then closes it (so the broker
+// moves its keys and redelivers its unacknowledged messages).
+func (s *Subscription) watchdog() {
+	defer s.wg.Done()
+	t := time.NewTicker(max(s.opts.Lease/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		g := s.gen
+		var expired []*delivery
+		for d := range s.tracked {
+			d.mu.Lock()
+			if d.gen == g && now.After(d.deadline) {
+				expired = append(expired, d)
+			}
+			d.mu.Unlock()
+		}
+		if len(expired) == 0 || g == nil {
+			s.mu.Unlock()
+			continue
+		}
+		s.gen = nil
+		for d := range s.tracked {
+			if d.gen == g {
+				delete(s.tracked, d)
+			}
+		}
+		s.mu.Unlock()
+		g.once.Do(func() { close(g.expired) })
+		s.opts.Logger.Warn("keyorder: pulsar: a lease ran out; giving up the consumer so the broker moves its keys",
+			"topic", s.topic, "subscription", s.name, "expired", len(expired))
+		for _, d := range expired {
+			g.consumer.NackID(d.id)
+		}
+		// Let the nack tracker send its redelivery request (it ticks at a
+		// third of the nack delay), then disconnect.
+		select {
+		case <-s.stop:
+		case <-time.After(3 * nackDelay):
+		}
+		g.consumer.Close()
+	}
+}
+
+// truncateUTF8 cuts s to at most n bytes on a rune boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// producers returns the dead-letter and topic producers, made on first use.
+func (s *Subscription) producers() (dead, topic pulsar.Producer, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, errClosed
+	}
+	if s.deadProd == nil {
+		d, err := s.client.CreateProducer(pulsar.ProducerOptions{Topic: s.deadTopic, DisableBatching: true})
+		if err != nil {
+			return nil, nil, fmt.Errorf("pulsar: producer for %s: %w", s.deadTopic, err)
+		}
+		t, err := s.client.CreateProducer(pulsar.ProducerOptions{Topic: s.topic, DisableBatching: true})
+		if err != nil {
+			d.Close()
+			return nil, nil, fmt.Errorf("pulsar: producer for %s: %w", s.topic, err)
+		}
+		s.deadProd, s.topicPrd = d, t
+	}
+	return s.deadProd, s.topicPrd, nil
+}
+
+// DeadLetter publishes m to <topic>-<subscription>-dead with its key,
+// headers, ID and keyorder-reason, keyorder-attempts and keyorder-dead-at,
+// then acknowledges it. If the acknowledgement fails, m may be
+// dead-lettered twice.
+func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+	if _, err := deliveryOf(m); err != nil {
+		return err
+	}
+	pm, err := toProducerMessage(&adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
+	if err != nil {
+		return err
+	}
+	pm.Properties[PropReason] = truncateUTF8(reason, maxReason)
+	pm.Properties[PropAttempts] = strconv.Itoa(attempts)
+	pm.Properties[PropDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	dead, _, err := s.producers()
+	if err != nil {
+		return err
+	}
+	if _, err := dead.Send(ctx, pm); err != nil {
+		return fmt.Errorf("pulsar: dead-letter to %s: %w", s.deadTopic, err)
+	}
+	return s.Ack(ctx, []*adapters.Message{m})
+}
+
+// Capabilities: the subscription's policy, no native hold, the driver's
+// lease.
+func (s *Subscription) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{
+		Ordering:      s.opts.Ordering,
+		NativeHold:    false,
+		LeaseDuration: s.opts.Lease,
+		MaxBatch:      s.opts.MaxBatch,
+	}
+}
+
+// IsRetryable reports whether err is transient.
+func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err.
+func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close closes the consumer: the broker redelivers its unacknowledged
+// messages to the subscription's other consumers, in position order. It
+// closes the client if the driver opened it (URL opener).
+func (s *Subscription) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	g := s.gen
+	s.gen = nil
+	dead, topic := s.deadProd, s.topicPrd
+	s.mu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	if g != nil {
+		g.once.Do(func() { close(g.expired) })
+		g.consumer.Close()
+	}
+	if dead != nil {
+		dead.Close()
+		topic.Close()
+	}
+	if s.ownClient {
+		s.client.Close()
+	}
+	return nil
+}
+
+// readDead reads the whole dead-letter topic: the dead letters not redriven
+// since, oldest first, with the message to republish.
+func (s *Subscription) readDead(ctx context.Context) ([]adapters.DeadLetter, error) {
+	r, err := s.client.CreateReader(pulsar.ReaderOptions{Topic: s.deadTopic, StartMessageID: pulsar.EarliestMessageID()})
+	if err != nil {
+		return nil, fmt.Errorf("pulsar: reader of %s: %w", s.deadTopic, err)
+	}
+	defer r.Close()
+	var order []string
+	byID := map[string]adapters.DeadLetter{}
+	for r.HasNext() {
+		pm, err := r.Next(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("pulsar: read %s: %w", s.deadTopic, err)
+		}
+		if id, ok := pm.Properties()[PropRedriven]; ok {
+			delete(byID, id)
+			continue
+		}
+		dl := deadLetterOf(pm)
+		if _, seen := byID[dl.Message.ID]; !seen {
+			order = append(order, dl.Message.ID)
+		}
+		byID[dl.Message.ID] = dl
+	}
+	out := make([]adapters.DeadLetter, 0, len(byID))
+	for _, id := range order {
+		if dl, ok := byID[id]; ok {
+			out = append(out, dl)
+			delete(byID, id)
+		}
+	}
+	return out, nil
+}
+
+func deadLetterOf(pm pulsar.Message) adapters.DeadLetter {
+	m := fromMessage(pm)
+	dl := adapters.DeadLetter{DeadAt: m.PublishTime}
+	for _, k := range []string{PropReason, PropAttempts, PropDeadAt} {
+		v, ok := m.Headers[k]
+		if !ok {
+			continue
+		}
+		delete(m.Headers, k)
+		switch k {
+		case PropReason:
+			dl.Reason = v
+		case PropAttempts:
+			dl.Attempts, _ = strconv.Atoi(v)
+		case PropDeadAt:
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				dl.DeadAt = t
+			}
+		}
+	}
+	if len(m.Headers) == 0 {
+		m.Headers = nil
+	}
+	dl.Message = *m
+	return dl
+}
+
+// DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
+// first, reading <topic>-<subscription>-dead from its start.
+func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+	dls, err := s.readDead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && len(dls) > limit {
+		dls = dls[:limit]
+	}
+	return dls, nil
+}
+
+// Redrive republishes the dead letters with these IDs on the topic, with
+// their key, headers and ID and without their not-before time, after
+// everything published meanwhile, and marks each redriven on the
+// dead-letter topic. A redriven message reaches every subscription of the
+// topic, not only this one.
+func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+	dls, err := s.readDead(ctx)
+	if err != nil {
+		return 0, err
+	}
+	dead, topic, err := s.producers()
+	if err != nil {
+		return 0, err
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	n := 0
+	for _, dl := range dls {
+		if !want[dl.Message.ID] {
+			continue
+		}
+		m := dl.Message
+		m.NotBefore = time.Time{}
+		pm, err := toProducerMessage(&m)
+		if err == nil {
+			_, err = topic.Send(ctx, pm)
+		}
+		if err != nil {
+			return n, fmt.Errorf("pulsar: redrive %q to %s: %w", m.ID, s.topic, err)
+		}
+		if _, err := dead.Send(ctx, &pulsar.ProducerMessage{Properties: map[string]string{PropRedriven: m.ID}}); err != nil {
+			return n + 1, fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", m.ID, err)
+		}
+		n++
+	}
+	return n, nil
+}

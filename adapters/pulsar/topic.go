@@ -1,0 +1,196 @@
+package pulsar
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+)
+
+// TopicOptions configure a Topic driver. A nil *TopicOptions means defaults.
+type TopicOptions struct {
+	// DisableBatching sends every message on its own. By default the
+	// producer batches with pulsar.KeyBasedBatchBuilder (one key per batch).
+	DisableBatching bool
+	// BatchingMaxPublishDelay is how long the producer waits to fill a
+	// batch. Defaults to BatchingDelayDefault.
+	BatchingMaxPublishDelay time.Duration
+	// MaxMessageBytes is the broker's maxMessageSize; the payload limit is
+	// this less MetadataRoom. The Go client does not expose the size the
+	// broker announces, so it is configuration. Defaults to
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// ProducerOptions, when set, is the template of the producer's options
+	// (its Topic is replaced). With batching enabled its BatcherBuilderType
+	// must be pulsar.KeyBasedBatchBuilder: the default batcher breaks
+	// Key_Shared dispatch, and asking for it fails with ErrDefaultBatcher.
+	// Setting DisableBatching in the template works as DisableBatching.
+	ProducerOptions *pulsar.ProducerOptions
+}
+
+// producerOptions returns the producer's options for topic, never with the
+// default batcher.
+func (o *TopicOptions) producerOptions(topic string) (pulsar.ProducerOptions, error) {
+	var po pulsar.ProducerOptions
+	var t TopicOptions
+	if o != nil {
+		t = *o
+	}
+	if t.ProducerOptions != nil {
+		po = *t.ProducerOptions
+		if !po.DisableBatching && !t.DisableBatching && po.BatcherBuilderType != pulsar.KeyBasedBatchBuilder {
+			return po, ErrDefaultBatcher
+		}
+	}
+	po.Topic = topic
+	if t.DisableBatching {
+		po.DisableBatching = true
+	}
+	if !po.DisableBatching {
+		po.BatcherBuilderType = pulsar.KeyBasedBatchBuilder
+		if t.BatchingMaxPublishDelay > 0 {
+			po.BatchingMaxPublishDelay = t.BatchingMaxPublishDelay
+		}
+		if po.BatchingMaxPublishDelay <= 0 {
+			po.BatchingMaxPublishDelay = BatchingDelayDefault
+		}
+	}
+	return po, nil
+}
+
+// Topic is the adapters.Topic driver of a Pulsar topic: one producer.
+type Topic struct {
+	client    pulsar.Client
+	producer  pulsar.Producer
+	maxMsg    int
+	ownClient bool
+}
+
+var _ adapters.Topic = (*Topic)(nil)
+
+// OpenTopic returns a publishing driver for topic (a full name,
+// persistent://tenant/namespace/topic, or a short one the client resolves
+// in public/default). The client stays the caller's: Close does not close
+// it. It fails with ErrDefaultBatcher if opts ask for the default batcher.
+func OpenTopic(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions) (*Topic, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: pulsar.OpenTopic: nil client", keyorder.ErrInvalidConfig)
+	}
+	po, err := opts.producerOptions(topic)
+	if err != nil {
+		return nil, err
+	}
+	maxMsg := DefaultMaxMessageBytes
+	if opts != nil && opts.MaxMessageBytes > 0 {
+		maxMsg = opts.MaxMessageBytes
+	}
+	p, err := client.CreateProducer(po)
+	if err != nil {
+		return nil, fmt.Errorf("pulsar: producer for %s: %w", topic, err)
+	}
+	return &Topic{client: client, producer: p, maxMsg: maxMsg}, nil
+}
+
+// toProducerMessage converts a driver message: the key as key and ordering
+// key, the ID and not-before time as reserved properties, headers as
+// properties. Reserved or oversized properties are rejected.
+func toProducerMessage(m *adapters.Message) (*pulsar.ProducerMessage, error) {
+	props := make(map[string]string, len(m.Headers)+2)
+	size := 0
+	for k, v := range m.Headers {
+		if strings.HasPrefix(k, PropPrefix) {
+			return nil, fmt.Errorf("%w %q: the %s prefix is reserved for the driver: %w", errBadHeader, k, PropPrefix,
+				&keyorder.LimitError{Limit: "header name", Backend: "pulsar"})
+		}
+		props[k] = v
+		size += len(k) + len(v)
+	}
+	if size > MaxPropertyBytes {
+		return nil, fmt.Errorf("%w: %w", errBadHeader, &keyorder.LimitError{Limit: "header size", Max: MaxPropertyBytes, Got: size, Backend: "pulsar"})
+	}
+	if m.ID != "" {
+		props[PropID] = m.ID
+	}
+	if !m.NotBefore.IsZero() {
+		props[PropNotBefore] = m.NotBefore.UTC().Format(time.RFC3339Nano)
+	}
+	return &pulsar.ProducerMessage{Payload: m.Payload, Key: m.Key, OrderingKey: m.Key, Properties: props}, nil
+}
+
+// SendBatch sends ms with SendAsync, in order, and waits for every result.
+// The producer keeps their order; with key-based batching a key's messages
+// share batches of that key only. A failure of any message fails the
+// batch (a prefix may have been sent: the portable layer may send it twice,
+// never lose it).
+func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pms := make([]*pulsar.ProducerMessage, len(ms))
+	for i, m := range ms {
+		pm, err := toProducerMessage(m)
+		if err != nil {
+			return err
+		}
+		pms[i] = pm
+	}
+	return sendAll(ctx, t.producer, pms)
+}
+
+// sendAll sends pms asynchronously and waits for all; it returns the first
+// error in send order.
+func sendAll(ctx context.Context, p pulsar.Producer, pms []*pulsar.ProducerMessage) error {
+	errs := make([]error, len(pms))
+	var wg sync.WaitGroup
+	wg.Add(len(pms))
+	for i, pm := range pms {
+		p.SendAsync(ctx, pm, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
+			errs[i] = err
+			wg.Done()
+		})
+	}
+	// No flush: the batching delay is short, and other keys' batches
+	// sent meanwhile fill up.
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Limits returns the broker's limits as configured: keys of at most
+// MaxKeyBytes, payloads of the broker's maximum message size less
+// MetadataRoom, MaxBatchMessages per batch.
+func (t *Topic) Limits() adapters.Limits {
+	return adapters.Limits{
+		Backend:          "pulsar",
+		MaxKeyBytes:      MaxKeyBytes,
+		MaxPayloadBytes:  t.maxMsg - MetadataRoom,
+		MaxBatchMessages: MaxBatchMessages,
+	}
+}
+
+// IsRetryable reports whether err is transient (timeouts, connection and
+// lookup failures, full queues, quota back-pressure).
+func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err by the client's Result.
+func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Close flushes and closes the producer, and the client if the driver
+// opened it (URL opener).
+func (t *Topic) Close() error {
+	t.producer.Close()
+	if t.ownClient {
+		t.client.Close()
+	}
+	return nil
+}
