@@ -660,3 +660,6 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	}
 	return n, nil
 }
+
+// Name returns the subscription's name (Delivery.Subscription).
+func (s *Subscription) Name() string { return s.name }

@@ -173,7 +173,9 @@ func (t *Topic) Limits() adapters.Limits {
 	return adapters.Limits{
 		Backend:          "pulsar",
 		MaxKeyBytes:      MaxKeyBytes,
+		KeyUTF8:          true,
 		MaxPayloadBytes:  t.maxMsg - MetadataRoom,
+		MaxHeaderBytes:   MaxPropertyBytes,
 		MaxBatchMessages: MaxBatchMessages,
 	}
 }

@@ -21,28 +21,24 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// secretParams are URL parameters whose values never appear in errors.
-var secretParams = []string{"token"}
-
-// redacted returns u without its secrets (userinfo password, token), for
-// errors.
-func redacted(u *url.URL) *url.URL {
-	c := *u
-	if c.User != nil {
-		c.User = url.User("xxxxx")
-	}
-	q := c.Query()
-	for _, p := range secretParams {
-		if q.Has(p) {
-			q.Set(p, "xxxxx")
-		}
-	}
-	c.RawQuery = q.Encode()
-	return &c
+// badParam is the error for an invalid or unknown parameter; the URL in it
+// is redacted (userinfo password, token and other sensitive parameters).
+func badParam(u *url.URL, param, why string) error {
+	return adapters.BadParam(u, param, why)
 }
 
-func badParam(u *url.URL, param, why string) error {
-	return adapters.BadParam(redacted(u), param, why)
+// queryOf reads u's parameters strictly (adapters.Query: a malformed
+// escape or a repeated parameter is ErrBadURL) into a map.
+func queryOf(u *url.URL) (map[string]string, []adapters.Param, error) {
+	ps, err := adapters.Query(u)
+	if err != nil {
+		return nil, nil, err
+	}
+	q := make(map[string]string, len(ps))
+	for _, p := range ps {
+		q[p.Name] = p.Value
+	}
+	return q, ps, nil
 }
 
 // topicOf maps pulsar://host:port/tenant/namespace/topic to
@@ -67,10 +63,13 @@ func clientOptions(u *url.URL) (pulsar.ClientOptions, error) {
 		// The client logs every connection and subscription at INFO.
 		Logger: pulsarlog.NewLoggerWithSlog(slog.New(warnOnly{slog.Default().Handler()})),
 	}
-	q := u.Query()
+	q, ps, err := queryOf(u)
+	if err != nil {
+		return co, err
+	}
 	var certFile, keyFile string
-	for p, vs := range q {
-		v := vs[0]
+	for _, pv := range ps {
+		p, v := pv.Name, pv.Value
 		var err error
 		switch p {
 		case "tlscafile":
@@ -100,7 +99,9 @@ func clientOptions(u *url.URL) (pulsar.ClientOptions, error) {
 	if certFile != "" {
 		co.Authentication = pulsar.NewAuthenticationTLS(certFile, keyFile)
 	}
-	if q.Has("token") && q.Has("tokenfile") {
+	_, hasToken := q["token"]
+	_, hasTokenFile := q["tokenfile"]
+	if hasToken && hasTokenFile {
 		return co, badParam(u, "token", "give token or tokenfile, not both")
 	}
 	return co, nil
@@ -141,8 +142,12 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 		return nil, err
 	}
 	p.subO.Ordering = policy.Ordered
-	for name, vs := range u.Query() {
-		v := vs[0]
+	_, ps, err := queryOf(u)
+	if err != nil {
+		return nil, err
+	}
+	for _, pv := range ps {
+		name, v := pv.Name, pv.Value
 		var perr error
 		subOnly := false
 		switch name {
@@ -378,3 +383,7 @@ func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
 func (h warnOnly) WithAttrs(as []slog.Attr) slog.Handler { return warnOnly{h.Handler.WithAttrs(as)} }
 
 func (h warnOnly) WithGroup(name string) slog.Handler { return warnOnly{h.Handler.WithGroup(name)} }
+
+// ErrorCode classifies the errors the opener returns, so the URL mux
+// returns them as *keyorder.Error with the right code.
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

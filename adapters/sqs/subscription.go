@@ -843,8 +843,11 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 	if err != nil {
 		return nil, err
 	}
+	if limit > 0 && len(dms) > limit {
+		dms = dms[:limit]
+	}
 	var out []adapters.DeadLetter
-	for _, dm := range dms[:min(len(dms), max(limit, 0))] {
+	for _, dm := range dms {
 		out = append(out, dm.dl)
 	}
 	return out, nil
