@@ -14,6 +14,7 @@ import (
 	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
+	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
 	wmk "github.com/keyorder/keyorder/adapters/watermill"
 	"github.com/keyorder/keyorder/integration/testenv"
@@ -125,6 +126,16 @@ var suiteBackends = []suiteBackend{
 			f.ForceShort = short
 		}),
 		retry: suiteRetry,
+	},
+	{
+		name:   "pulsar",
+		server: testenv.Pulsar,
+		urls: func(base string) (string, string) {
+			u := base + "/public/default/{topic}"
+			return u, u + "?subscription={group}&ordering=ordered"
+		},
+		features: baseFeatures,
+		retry:    suiteRetry,
 	},
 }
 

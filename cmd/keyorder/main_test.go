@@ -319,3 +319,9 @@ func TestRedriveProgress(t *testing.T) {
 		t.Errorf("redrive --all --yes: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
+
+func TestPulsar(t *testing.T) {
+	base := testenv.Require(t, testenv.Pulsar)
+	topic := fmt.Sprintf("%s/public/default/cli-%d", base, time.Now().UnixNano())
+	exercise(t, topic, topic+"?subscription=ops&ordering=ordered")
+}

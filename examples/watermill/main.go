@@ -37,6 +37,7 @@ import (
 	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
+	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
 	wmk "github.com/keyorder/keyorder/adapters/watermill"
 	"github.com/keyorder/keyorder/policy"
