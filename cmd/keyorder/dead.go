@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,11 +17,6 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 )
-
-// allDead is the limit that lists every dead letter. The drivers disagree
-// on what a limit of 0 means (memory and Pub/Sub: no limit; PostgreSQL and
-// SQS: none), so the command never passes 0.
-const allDead = math.MaxInt32
 
 // openDead opens the subscription's driver and its dead-letter store.
 func (c *cli) openDead(ctx context.Context, raw string) (adapters.Subscription, adapters.DeadLetterStore, error) {
@@ -93,11 +87,7 @@ func (c *cli) deadList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer drv.Close()
-	lim := *limit
-	if lim <= 0 {
-		lim = allDead
-	}
-	dls, err := st.DeadLetters(ctx, lim)
+	dls, err := st.DeadLetters(ctx, *limit)
 	if err != nil {
 		return fmt.Errorf("list dead letters: %w", err)
 	}
@@ -159,7 +149,7 @@ func (c *cli) deadShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer drv.Close()
-	dls, err := st.DeadLetters(ctx, allDead)
+	dls, err := st.DeadLetters(ctx, 0)
 	if err != nil {
 		return fmt.Errorf("list dead letters: %w", err)
 	}
@@ -223,7 +213,7 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 	}
 	defer drv.Close()
 	if *all {
-		dls, err := st.DeadLetters(ctx, allDead)
+		dls, err := st.DeadLetters(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("list dead letters: %w", err)
 		}

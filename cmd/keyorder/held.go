@@ -58,11 +58,7 @@ func (c *cli) held(ctx context.Context, args []string) error {
 		return err
 	}
 	defer drv.Close()
-	lim := *limit
-	if lim <= 0 {
-		lim = allDead
-	}
-	keys, err := hl.HeldKeys(ctx, lim)
+	keys, err := hl.HeldKeys(ctx, *limit)
 	if err != nil {
 		return fmt.Errorf("list held keys: %w", err)
 	}

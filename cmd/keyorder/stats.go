@@ -61,7 +61,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		out.MaxAttempts, out.MinBackoff, out.MaxBackoff = r.MaxAttempts, r.MinBackoff.String(), r.MaxBackoff.String()
 	}
 	if st, ok := drv.(adapters.DeadLetterStore); ok {
-		dls, err := st.DeadLetters(ctx, allDead)
+		dls, err := st.DeadLetters(ctx, 0)
 		if err != nil && !errors.Is(err, keyorder.ErrUnsupported) {
 			return fmt.Errorf("count dead letters: %w", err)
 		}
@@ -73,7 +73,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		out.Unknown = append(out.Unknown, "dead")
 	}
 	if hl, ok := drv.(heldLister); ok {
-		keys, err := hl.HeldKeys(ctx, allDead)
+		keys, err := hl.HeldKeys(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("count held keys: %w", err)
 		}
