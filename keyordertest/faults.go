@@ -3,7 +3,6 @@ package keyordertest
 import (
 	"context"
 	"errors"
-	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -219,8 +218,7 @@ func (c *Consumer) Restart() *Consumer {
 // without calling the handler (their attempts used up by lost leases) are
 // resolved only there.
 func DeadLetterIDs(ctx context.Context, sub *subscribe.Subscriber) ([]string, error) {
-	// A large limit, not 0: drivers disagree on what 0 means.
-	dls, err := sub.DeadLetters(ctx, math.MaxInt32)
+	dls, err := sub.DeadLetters(ctx, 0) // 0 lists them all
 	if err != nil {
 		return nil, err
 	}
