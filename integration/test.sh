@@ -7,7 +7,11 @@
 # units of 250ms and two of them at once on 2 cores made them flaky.
 # After the tests, integration/fuzz.sh runs each fuzz target for a few
 # seconds (no server needed; about a minute in all).
-# Environment: KEYORDER_TEST_PACKAGES (default ./...), KEYORDER_MVN_ARGS
+# The repository is several Go modules joined by go.work (the root's portable
+# API, and one module per heavy SDK adapter, the CLI, the examples, the
+# benchmark and the smoke tests); `./...` in a workspace covers the root module
+# only, so the default package list names every module of go.work.
+# Environment: KEYORDER_TEST_PACKAGES (default: every module's packages), KEYORDER_MVN_ARGS
 # (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep"),
 # KEYORDER_FUZZTIME (per fuzz target, default 4s; 0 skips fuzzing).
 set -euo pipefail
@@ -15,6 +19,9 @@ cd "$(dirname "$0")/.."
 
 # Build the launcher and exec it, so that signals sent to this script (Ctrl-C,
 # SIGTERM from CI) reach the launcher directly and it stops the servers.
+if [ -z "${KEYORDER_TEST_PACKAGES:-}" ]; then
+	KEYORDER_TEST_PACKAGES=$(go list -m -f '{{.Dir}}' | sed "s|^$PWD|.|; s|\$|/...|" | tr '\n' ' ')
+fi
 mkdir -p .testenv/bin
 go build -o .testenv/bin/testenv ./integration/cmd/testenv
 # The fuzz targets run after the tests and inside the launcher, so that one
@@ -22,4 +29,4 @@ go build -o .testenv/bin/testenv ./integration/cmd/testenv
 # shellcheck disable=SC2086 # TESTENV_FLAGS and KEYORDER_TEST_PACKAGES are word lists
 exec .testenv/bin/testenv run ${TESTENV_FLAGS:-} -- \
 	bash -c 'go test -race -count=1 -p 1 "$@"; rc=$?; ./integration/fuzz.sh || rc=1; exit $rc' keyorder-tests \
-	${KEYORDER_TEST_PACKAGES:-./...} "$@"
+	${KEYORDER_TEST_PACKAGES} "$@"

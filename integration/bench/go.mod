@@ -9,6 +9,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder/adapters/postgres v0.0.0-00010101000000-000000000000
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 )
@@ -31,6 +32,17 @@ require (
 	github.com/tidwall/match v1.2.0 // indirect
 	github.com/tidwall/pretty v1.2.1 // indirect
 	github.com/tidwall/sjson v1.2.5 // indirect
-	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/appengine v1.6.8 // indirect
 )
+
+replace github.com/keyorder/keyorder/adapters/postgres => ../../adapters/postgres
+
+replace github.com/keyorder/keyorder/adapters/pubsub => ../../adapters/pubsub
+
+replace github.com/keyorder/keyorder/adapters/sqs => ../../adapters/sqs
+
+replace github.com/keyorder/keyorder/adapters/pulsar => ../../adapters/pulsar
+
+replace github.com/keyorder/keyorder/adapters/watermill => ../../adapters/watermill
