@@ -1,0 +1,132 @@
+package subscribe
+
+// This file: what a Subscriber is configured with, and the retry policy it
+// settles on.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// HandlerFunc handles one delivery; see the package documentation for what
+// its result means.
+type HandlerFunc func(ctx context.Context, d *keyorder.Delivery) error
+
+// Middleware wraps a handler. Config.Middleware runs the first entry
+// outermost.
+type Middleware func(next HandlerFunc) HandlerFunc
+
+// Defaults for Config.
+const (
+	WorkersDefault         = 8
+	ShutdownTimeoutDefault = 30 * time.Second
+	DedupeSizeDefault      = 10000
+)
+
+// Config configures a Subscriber. A nil *Config means all defaults.
+type Config struct {
+	// Workers is the number of lanes (Assign ByKey) or workers (Shared).
+	// Defaults to WorkersDefault.
+	Workers int
+	// Assign decides how keys map onto workers. Defaults to lanes.ByKey.
+	Assign lanes.Assignment
+	// Retry is the attempt budget and backoff. The retry policy is a
+	// property of the subscription, like its ordering: where the backend
+	// stores one with the subscription (adapters.Capabilities.Retry;
+	// PostgreSQL's max_attempts, min_backoff, max_backoff), the stored
+	// settings run, and Retry fills only the fields the subscription leaves
+	// zero. A Retry field that disagrees with the subscription is overridden
+	// and the disagreement logged, so every consumer of a subscription
+	// retries alike. NoJitter always comes from here. Fields still zero take
+	// the policy package's defaults (MaxAttempts policy.MaxAttemptsDefault).
+	Retry policy.Retry
+	// MaxOutstanding bounds the messages received and not yet finished.
+	// Messages waiting in process on a time (a retry or a not-before time)
+	// are not counted, nor, under Ordered where the process holds groups,
+	// the messages of their key behind them: a held key must not stop the
+	// others. The lanes bound those (see lanes.Config.Capacity). Defaults to
+	// 2×Workers.
+	MaxOutstanding int
+	// ShutdownTimeout is how long Run waits for running handlers after its
+	// context ends. Defaults to ShutdownTimeoutDefault.
+	ShutdownTimeout time.Duration
+	// DedupeSize is how many acknowledged message IDs are remembered to
+	// suppress redeliveries. Defaults to DedupeSizeDefault; negative disables.
+	DedupeSize int
+	// Middleware wraps the handler, first entry outermost.
+	Middleware []Middleware
+	// Logger receives the subscriber's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with defaults applied.
+func (c *Config) WithDefaults() *Config {
+	out := &Config{}
+	if c != nil {
+		*out = *c
+	}
+	if out.Workers == 0 {
+		out.Workers = WorkersDefault
+	}
+	out.Retry = out.Retry.WithDefaults()
+	if out.MaxOutstanding == 0 {
+		out.MaxOutstanding = 2 * out.Workers
+	}
+	if out.ShutdownTimeout == 0 {
+		out.ShutdownTimeout = ShutdownTimeoutDefault
+	}
+	if out.DedupeSize == 0 {
+		out.DedupeSize = DedupeSizeDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Workers < 0:
+		return fmt.Errorf("%w: subscribe.Config.Workers must be positive, got %d", keyorder.ErrInvalidConfig, c.Workers)
+	case c.MaxOutstanding < 0:
+		return fmt.Errorf("%w: subscribe.Config.MaxOutstanding must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxOutstanding)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: subscribe.Config.ShutdownTimeout must not be negative", keyorder.ErrInvalidConfig)
+	}
+	if err := c.Retry.Validate(); err != nil {
+		return fmt.Errorf("%w: subscribe.Config.Retry: %v", keyorder.ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// subscriptionRetry returns the retry policy a subscriber runs: the
+// subscription's stored settings, its zero fields filled from the
+// consumer's, then the defaults. A consumer setting that disagrees with the
+// subscription is logged and not used.
+func subscriptionRetry(stored, asked policy.Retry, log *slog.Logger) policy.Retry {
+	r := stored
+	fill := func(name string, s *int64, a int64) {
+		switch {
+		case *s == 0:
+			*s = a
+		case a != 0 && a != *s:
+			log.Warn("keyorder: subscribe.Config.Retry disagrees with the subscription's stored retry settings; the subscription's run",
+				"field", name, "subscription", *s, "config", a)
+		}
+	}
+	ma, mn, mx := int64(r.MaxAttempts), int64(r.MinBackoff), int64(r.MaxBackoff)
+	fill("MaxAttempts", &ma, int64(asked.MaxAttempts))
+	fill("MinBackoff", &mn, int64(asked.MinBackoff))
+	fill("MaxBackoff", &mx, int64(asked.MaxBackoff))
+	r = policy.Retry{MaxAttempts: int(ma), MinBackoff: time.Duration(mn), MaxBackoff: time.Duration(mx), NoJitter: asked.NoJitter}
+	return r.WithDefaults()
+}
+
+// Retry returns the retry policy the subscriber runs (see Config.Retry).
+func (s *Subscriber) Retry() policy.Retry { return s.cfg.Retry }

@@ -1,0 +1,170 @@
+package subscribe
+
+// This file: running the handler for one item and what its result means
+// (ack, retry, dead letter).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/lanes"
+)
+
+// handle runs one item on a lane and turns the handler's result into the
+// item's fate.
+func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.Result {
+	m := it.m
+	if it.parked {
+		s.unpark(it)
+	}
+	if it.lost.Load() {
+		s.drop(it)
+		return lanes.Done()
+	}
+	if s.acked.has(m.ID) {
+		// A redelivery of a message this process acknowledged, received
+		// before (or while) the original ran.
+		s.stats.Suppressed.Add(1)
+		s.acks <- it
+		return lanes.Done()
+	}
+	if it.chain != nil && it.chain.broken.Load() {
+		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
+		return lanes.Done()
+	}
+	if dn, ok := s.undead.get(m.ID); ok {
+		// A redelivery of a message this process dead-lettered, whose
+		// DeadLetter call did not land: its fate is decided.
+		s.deadLetterAs(it, dn.reason, dn.attempts)
+		return lanes.Done()
+	}
+	if it.attempt > s.cfg.Retry.MaxAttempts {
+		// Lost leases used up the budget before a handler could finish.
+		s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
+		return lanes.Done()
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	it.mu.Lock()
+	it.cancel = cancel
+	it.mu.Unlock()
+	if it.lost.Load() {
+		cancel()
+	}
+	err := s.call(hctx, h, it)
+	it.mu.Lock()
+	it.cancel = nil
+	it.mu.Unlock()
+	cancel()
+	s.stats.Handled.Add(1)
+
+	if err == nil {
+		s.acked.add(m.ID)
+		s.stats.Acked.Add(1)
+		s.acks <- it
+		return lanes.Done()
+	}
+	if it.lost.Load() {
+		s.drop(it) // the broker took it back; it counted the attempt
+		return lanes.Done()
+	}
+	if s.closing.Load() && ctx.Err() != nil {
+		// Cancelled by shutdown: not the message's fault.
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
+		return lanes.Done()
+	}
+	var perm *keyorder.PermanentError
+	if errors.As(err, &perm) {
+		s.deadLetter(it, err.Error())
+		return lanes.Done()
+	}
+	if it.attempt >= s.cfg.Retry.MaxAttempts {
+		s.deadLetter(it, fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, err))
+		return lanes.Done()
+	}
+	delay := s.cfg.Retry.Backoff(it.attempt)
+	var re *keyorder.RetryError
+	if errors.As(err, &re) {
+		delay = re.After
+	}
+	s.stats.Retried.Add(1)
+	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
+	if s.caps.NativeHold {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
+		return lanes.Done()
+	}
+	// Hold in process: the item stays in its lane, its key parked, its
+	// lease kept alive; its flow-control token is returned so other keys
+	// keep flowing.
+	it.attempt++
+	s.park(it)
+	return lanes.RetryAt(time.Now().Add(delay))
+}
+
+func (s *Subscriber) deadLetter(it *item, reason string) {
+	s.stats.DeadLettered.Add(1)
+	s.cfg.Logger.Warn("keyorder: message dead-lettered", "id", it.m.ID, "key", it.m.Key, "attempts", it.attempt, "reason", reason)
+	s.deadLetterAs(it, reason, it.attempt)
+}
+
+// deadLetterAs hands it to the driver's DeadLetter. If that is given up,
+// the message's fate is remembered, so that its redelivery is
+// dead-lettered again rather than run.
+func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
+	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
+	if err != nil {
+		s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts})
+	} else {
+		s.undead.remove(it.m.ID)
+	}
+}
+
+// deadNote is a dead letter's reason and attempts, kept for its
+// redelivery.
+type deadNote struct {
+	reason   string
+	attempts int
+}
+
+// call runs the handler, turning a panic into an error.
+func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err error) {
+	m := it.m
+	headers := make(map[string]string, len(m.Headers)+1)
+	for k, v := range m.Headers {
+		headers[k] = v
+	}
+	if m.Key != "" {
+		headers[keyorder.HeaderPartitionKey] = m.Key
+	}
+	d := &it.d
+	if it.called {
+		d = new(keyorder.Delivery)
+	}
+	it.called = true
+	*d = keyorder.Delivery{
+		Message: keyorder.Message{
+			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore,
+		},
+		Attempt:      it.attempt,
+		PublishTime:  m.PublishTime,
+		Subscription: s.name,
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.Panics.Add(1)
+			err = &keyorder.PanicError{Value: r, Stack: debug.Stack()}
+			s.cfg.Logger.Error("keyorder: handler panicked", "id", m.ID, "key", m.Key, "panic", r)
+		}
+	}()
+	return h(ctx, d)
+}

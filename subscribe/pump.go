@@ -1,0 +1,214 @@
+package subscribe
+
+// This file: the receive pump, which pulls from the driver into the lanes
+// under flow control (one token per outstanding message).
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// item is one received message on its way through the lanes.
+type item struct {
+	m       *adapters.Message
+	attempt int
+	chain   *chain
+	seq     uint64 // receive order
+	lost    atomic.Bool
+
+	// Guarded by Subscriber.mu.
+	hasToken bool // holds a flow-control token
+	parked   bool // counted in Subscriber.parked
+	// round is closed when the last lease renewal that included the item
+	// has returned.
+	round chan struct{}
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+
+	// d is the first attempt's Delivery, allocated with the item; later
+	// attempts get their own, since a handler may keep the one it was given.
+	d      keyorder.Delivery
+	called bool
+}
+
+// chain links consecutive messages of one key received together from a
+// native-hold broker; when one fails under Ordered the rest go back.
+type chain struct{ broken atomic.Bool }
+
+// pump receives messages and submits them to the lanes until ctx ends or a
+// permanent error occurs.
+func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
+	failures := 0
+	var its []*item
+	for {
+		n, err := s.acquire(ctx)
+		if err != nil {
+			return nil
+		}
+		ms, err := s.drv.Receive(ctx, n)
+		if len(ms) > n {
+			// A driver broke its contract; the extra messages carry no
+			// token rather than releasing tokens never taken (which would
+			// block the pump for good).
+			s.cfg.Logger.Error("keyorder: driver returned more messages than asked", "asked", n, "got", len(ms))
+		}
+		s.releaseTokens(n - min(len(ms), n))
+		if err != nil && len(ms) > 0 && s.caps.NativeHold && ctx.Err() != nil {
+			// Received as Run stops: they run with the rest before Run
+			// returns (see drain).
+			err = nil
+		}
+		if err != nil && len(ms) > 0 {
+			// Messages that came with an error go back unhandled; their
+			// tokens with them.
+			its = its[:0]
+			for i, m := range ms {
+				its = append(its, &item{m: m, hasToken: i < n})
+			}
+			s.giveBack(its)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !s.drv.IsRetryable(err) {
+				return &keyorder.Error{Code: s.drv.ErrorCode(err), Op: "receive", Err: err}
+			}
+			failures++
+			s.cfg.Logger.Warn("keyorder: receive failed; retrying", "err", err, "failures", failures)
+			t := time.NewTimer(s.cfg.Retry.Backoff(failures))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
+		}
+		failures = 0
+		// Link chains before any item reaches a lane.
+		clear(its)
+		its = its[:0]
+		var prev *item
+		for i, m := range ms {
+			s.seq++
+			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: i < n, seq: s.seq}
+			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
+				if prev != nil && prev.m.Key == m.Key {
+					if prev.chain == nil {
+						prev.chain = &chain{}
+					}
+					it.chain = prev.chain
+				}
+				prev = it
+			}
+			its = append(its, it)
+		}
+		now := time.Now()
+		for i, it := range its {
+			m := it.m
+			free := 0
+			s.mu.Lock()
+			s.outstanding[it] = struct{}{}
+			switch {
+			case m.NotBefore.After(now):
+				// Waiting on time, like a retry: not counted. Under
+				// holdKeys it parks its key.
+				it.hasToken = false
+				free++
+				if s.holdKeys && m.Key != "" {
+					it.parked = true
+					s.parked[m.Key]++
+				}
+			case s.holdKeys && m.Key != "" && s.parked[m.Key] > 0:
+				// Behind a parked head of its key.
+				it.hasToken = false
+				free++
+			}
+			s.mu.Unlock()
+			s.releaseTokens(free)
+			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
+				// Shutting down: give this one and the rest back
+				// unhandled, all of them, so that none of a key is
+				// handled after one before it went back.
+				s.giveBack(its[i:])
+				break
+			}
+		}
+	}
+}
+
+// giveBack returns received items to the broker unhandled, without counting
+// an attempt, and forgets them.
+func (s *Subscriber) giveBack(its []*item) {
+	ms := make([]*adapters.Message, 0, len(its))
+	for _, it := range its {
+		ms = append(ms, it.m)
+	}
+	if len(ms) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.detach(its...)
+	err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Release(ctx, ms) })
+	if err != nil {
+		s.stats.SettleFailures.Add(1)
+		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
+	}
+	for _, it := range its {
+		s.forget(it)
+	}
+}
+
+// detach takes items out of outstanding before they are handed back (Nack,
+// Release, DeadLetter), so no later lease renewal includes them, and waits
+// for a renewal under way that does: on brokers where a renewal and a
+// hand-back both set a message's visibility, a renewal reaching the broker
+// after the hand-back would undo it.
+func (s *Subscriber) detach(its ...*item) {
+	s.mu.Lock()
+	for _, it := range its {
+		delete(s.outstanding, it)
+	}
+	s.mu.Unlock()
+	for _, it := range its {
+		if it.round != nil {
+			<-it.round
+		}
+	}
+}
+
+// acquire takes one flow-control token (blocking) and as many more as are
+// free, up to a receive batch.
+func (s *Subscriber) acquire(ctx context.Context) (int, error) {
+	select {
+	case s.tokens <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n := 1
+	for n < s.caps.MaxBatch {
+		select {
+		case s.tokens <- struct{}{}:
+			n++
+		default:
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+func (s *Subscriber) releaseTokens(n int) {
+	for range n {
+		<-s.tokens
+	}
+}

@@ -1,0 +1,258 @@
+package subscribe
+
+// This file: the Subscriber, how it is opened, and its lifecycle (Run,
+// drain, Shutdown, Close).
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Subscriber consumes one subscription.
+type Subscriber struct {
+	drv  adapters.Subscription
+	cfg  *Config
+	caps adapters.Capabilities
+	name string
+
+	running  atomic.Bool
+	closing  atomic.Bool
+	shutdown chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+
+	tokens chan struct{}
+	acks   chan *item
+
+	// holdKeys: Ordered without native hold, so a key whose head waits in
+	// process on a time holds the key's later messages in process too.
+	holdKeys bool
+	seq      uint64 // receive order; pump only
+
+	mu          sync.Mutex
+	outstanding map[*item]struct{}
+	// parked counts, per key, the items waiting in process on a time (a
+	// retry or a not-before time) while holdKeys. The key's other items
+	// received meanwhile wait behind them and, like them, do not count
+	// against MaxOutstanding, so a parked key cannot stop the others.
+	parked map[string]int
+
+	acked *idSet
+	// undead remembers, per message ID, the dead letters whose DeadLetter
+	// call was given up, so a redelivery is dead-lettered again without
+	// running the handler.
+	undead *noteSet[deadNote]
+	stats  Stats
+
+	// settling tracks acknowledgements being retried off the acker.
+	settling sync.WaitGroup
+}
+
+// Stats counts what a Subscriber did.
+type Stats struct {
+	Handled      atomic.Int64 // handler calls
+	Acked        atomic.Int64
+	Retried      atomic.Int64
+	DeadLettered atomic.Int64
+	Suppressed   atomic.Int64 // redeliveries of acknowledged IDs
+	LeasesLost   atomic.Int64
+	Panics       atomic.Int64
+	// SettleRetries counts settlement calls (Ack, Nack, Release,
+	// DeadLetter, ExtendLeases) repeated after a retryable failure.
+	SettleRetries atomic.Int64
+	// SettleFailures counts settlements given up (a permanent error, or
+	// retries exhausted): the broker redelivers those messages when their
+	// leases expire.
+	SettleFailures atomic.Int64
+}
+
+// Open opens a Subscriber for the subscription named by urlstr, through the
+// scheme registered on adapters.DefaultMux.
+func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) {
+	drv, err := adapters.DefaultMux().OpenSubscription(ctx, urlstr)
+	if err != nil {
+		return nil, err
+	}
+	s, err := New(drv, cfg)
+	if err != nil {
+		drv.Close()
+		return nil, err
+	}
+	if s.name == "" {
+		// A driver that does not know its name: the URL, never with its
+		// secrets.
+		if u, err := adapters.ParseURL(urlstr); err == nil {
+			s.name = adapters.Redact(u)
+		}
+	}
+	return s, nil
+}
+
+// New returns a Subscriber over a driver.
+func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	caps := drv.Capabilities()
+	if caps.Retry != nil {
+		var asked policy.Retry
+		if cfg != nil {
+			asked = cfg.Retry
+		}
+		c.Retry = subscriptionRetry(*caps.Retry, asked, c.Logger)
+		if err := c.Retry.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: the subscription's retry settings with subscribe.Config.Retry: %v", keyorder.ErrInvalidConfig, err)
+		}
+	}
+	s := &Subscriber{
+		drv: drv, cfg: c, caps: caps,
+		shutdown:    make(chan struct{}),
+		done:        make(chan struct{}),
+		tokens:      make(chan struct{}, c.MaxOutstanding),
+		acks:        make(chan *item, c.MaxOutstanding),
+		outstanding: map[*item]struct{}{},
+		parked:      map[string]int{},
+		acked:       newIDSet(c.DedupeSize),
+		undead:      newNoteSet[deadNote](c.DedupeSize),
+	}
+	if s.caps.MaxBatch <= 0 {
+		s.caps.MaxBatch = 1
+	}
+	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	if n, ok := drv.(adapters.Namer); ok {
+		s.name = n.Name()
+	}
+	return s, nil
+}
+
+// Stats returns the subscriber's counters.
+func (s *Subscriber) Stats() *Stats { return &s.stats }
+
+// Capabilities returns the driver's capabilities.
+func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
+
+// Run receives and handles messages until ctx ends or Shutdown is called,
+// then shuts down gracefully: it stops receiving, lets running handlers
+// finish for up to Config.ShutdownTimeout (then cancels their contexts),
+// returns messages never started to the broker, and returns nil. On a
+// broker that holds groups natively (Capabilities.NativeHold) it first
+// handles, within the same ShutdownTimeout, the messages it has already
+// received: nothing of those waits in process for a retry, and a message
+// handed back unstarted costs a receive that a broker counting every
+// receive (SQS) would report to the next consumer as an attempt. It returns
+// an error if the subscription fails permanently. Run may be called once.
+func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
+	if h == nil {
+		return fmt.Errorf("%w: nil handler", keyorder.ErrInvalidConfig)
+	}
+	if !s.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Run called twice", keyorder.ErrInvalidConfig)
+	}
+	defer close(s.done)
+	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
+		h = s.cfg.Middleware[i](h)
+	}
+	pool, err := lanes.New(&lanes.Config{
+		Workers:  s.cfg.Workers,
+		Assign:   s.cfg.Assign,
+		Ordering: s.caps.Ordering,
+	}, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
+		return s.handle(ctx, h, it)
+	})
+	if err != nil {
+		return err
+	}
+	rctx, stopReceiving := context.WithCancel(ctx)
+	defer stopReceiving()
+	go func() {
+		select {
+		case <-s.shutdown:
+			stopReceiving()
+		case <-rctx.Done():
+		}
+	}()
+
+	leaseDone := make(chan struct{})
+	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+	go s.keepLeases(leaseCtx, leaseDone)
+	ackDone := make(chan struct{})
+	go s.acker(ackDone)
+
+	runErr := s.pump(rctx, pool)
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	if s.caps.NativeHold && runErr == nil {
+		s.drain(sctx)
+	}
+	s.closing.Store(true)
+	leftover, _ := pool.Close(sctx)
+	cancel()
+	if len(leftover) > 0 {
+		live := leftover[:0]
+		for _, it := range leftover {
+			if it.lost.Load() {
+				s.forget(it)
+			} else {
+				live = append(live, it)
+			}
+		}
+		s.giveBack(live)
+	}
+	close(s.acks)
+	<-ackDone
+	s.settling.Wait()
+	stopLeases()
+	<-leaseDone
+	return runErr
+}
+
+// drain waits until every message received has been settled, or ctx ends.
+// On a broker that holds groups natively nothing waits in process for a
+// retry, so what was received can run now: running it, rather than handing
+// it back unstarted, keeps another process from counting this receive as
+// an attempt (SQS counts every receive; see adapters/sqs).
+func (s *Subscriber) drain(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		n := len(s.outstanding)
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Shutdown makes Run stop receiving and return after its graceful shutdown.
+// It waits until Run has returned (immediately if Run was never called) or
+// ctx ends.
+func (s *Subscriber) Shutdown(ctx context.Context) error {
+	s.stopOnce.Do(func() { close(s.shutdown) })
+	if !s.running.Load() {
+		return nil
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close closes the driver. Call it after Run has returned.
+func (s *Subscriber) Close() error { return s.drv.Close() }
