@@ -1,0 +1,199 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gpubsub "cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// polling is the receive path the driver had before it long-polled: unary
+// Pull with ReturnImmediately, sleeping 20 to 200ms after an empty answer.
+// It is kept here only as the baseline TestConsumeThroughput measures the
+// driver against, in the same run on the same server.
+type polling struct{ *Subscription }
+
+func (s polling) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+	if maxMessages <= 0 || maxMessages > s.maxBatch {
+		maxMessages = s.maxBatch
+	}
+	wait := 20 * time.Millisecond
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sent := time.Now()
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
+			Subscription:      s.name,
+			MaxMessages:       int32(maxMessages),
+			ReturnImmediately: true, //nolint:staticcheck // the old path, measured as a baseline
+		})
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if len(resp.ReceivedMessages) > 0 {
+			out := make([]*adapters.Message, 0, len(resp.ReceivedMessages))
+			for _, rm := range resp.ReceivedMessages {
+				out = append(out, s.fromPubSub(rm, sent, sent))
+			}
+			slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// TestConsumeThroughput measures consumption through the portable layer
+// (Ordered, 64 workers) on Google's emulator: the driver's long-poll
+// receive path against the old polling one, alternating, in one run. Each
+// round publishes KEYORDER_PUBSUB_THROUGHPUT messages (e.g. 20000) of 100
+// bytes over 200 keys first, then consumes them, checking per-key order.
+// KEYORDER_PUBSUB_ROUNDS sets the rounds per path (default 3); medians are
+// logged.
+func TestConsumeThroughput(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("KEYORDER_PUBSUB_THROUGHPUT"))
+	if n <= 0 {
+		t.Skip("set KEYORDER_PUBSUB_THROUGHPUT=N to measure")
+	}
+	testenv.Require(t, testenv.PubSub)
+	rounds, _ := strconv.Atoi(os.Getenv("KEYORDER_PUBSUB_ROUNDS"))
+	rounds = max(rounds, 1)
+	if os.Getenv("KEYORDER_PUBSUB_ROUNDS") == "" {
+		rounds = 3
+	}
+	client, err := gpubsub.NewClient(context.Background(), "keyorder-bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	rates := map[string][]float64{}
+	for r := range rounds {
+		for _, path := range []string{"long-poll", "polling"} {
+			rate := consumeRound(t, client, n, path == "polling")
+			t.Logf("round %d %-9s: %.0f msgs/s", r+1, path, rate)
+			rates[path] = append(rates[path], rate)
+		}
+	}
+	med := func(xs []float64) float64 { sort.Float64s(xs); return xs[len(xs)/2] }
+	lp, po := med(rates["long-poll"]), med(rates["polling"])
+	t.Logf("%d messages × 100 B over 200 keys, Ordered, 64 workers, median of %d: long-poll %.0f msgs/s, polling %.0f msgs/s (%.2f×)",
+		n, rounds, lp, po, lp/po)
+}
+
+func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64 {
+	t.Helper()
+	const keys = 200
+	ctx := context.Background()
+	id := strconv.FormatInt(time.Now().UnixNano(), 36)
+	topicID, subID := "bench-t-"+id, "bench-s-"+id
+	opts := &SubscriptionOptions{Ordering: policy.Ordered}
+	if err := CreateTopic(ctx, client, topicID); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, s := range []string{subID, subID + "-dead-sub"} {
+			client.SubscriptionAdminClient.DeleteSubscription(dctx, &pubsubpb.DeleteSubscriptionRequest{Subscription: subName(client.Project(), s)})
+		}
+		for _, tp := range []string{topicID, subID + "-dead"} {
+			client.TopicAdminClient.DeleteTopic(dctx, &pubsubpb.DeleteTopicRequest{Topic: topicName(client.Project(), tp)})
+		}
+	}()
+	topic, err := OpenTopic(ctx, client, topicID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	p, err := publish.New(topic, &publish.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := make([]byte, 100)
+	ms := make([]*keyorder.Message, n)
+	for i := range ms {
+		b := slices.Clone(pad)
+		copy(b, fmt.Sprintf("%d|%d|", i%keys, i/keys))
+		ms[i] = &keyorder.Message{Key: fmt.Sprintf("k%03d", i%keys), Payload: b}
+	}
+	for i := 0; i < n; i += 1000 {
+		if err := p.PublishBatch(ctx, ms[i:min(i+1000, n)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close(ctx)
+	topic.Close()
+
+	sub, err := OpenSubscription(ctx, client, subID, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drv adapters.Subscription = sub
+	if old {
+		drv = polling{sub}
+	}
+	var done atomic.Int64
+	var mu sync.Mutex
+	last := map[string]int{}
+	bad := 0
+	s, err := subscribe.New(drv, &subscribe.Config{Workers: 64, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := make(chan struct{})
+	start := time.Now()
+	rctx, cancel := context.WithCancel(ctx)
+	go s.Run(rctx, func(ctx context.Context, d *keyorder.Delivery) error {
+		var k, seq int
+		fmt.Sscanf(string(d.Payload), "%d|%d|", &k, &seq)
+		mu.Lock()
+		if prev, ok := last[d.Key]; ok && seq != prev+1 || !ok && seq != 0 {
+			bad++
+		}
+		last[d.Key] = seq
+		mu.Unlock()
+		if done.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	})
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+	}
+	dur := time.Since(start)
+	cancel()
+	s.Shutdown(ctx)
+	s.Close()
+	if bad > 0 || done.Load() != int64(n) {
+		t.Fatalf("handled %d of %d, %d out of order", done.Load(), n, bad)
+	}
+	return float64(n) / dur.Seconds()
+}
