@@ -15,6 +15,8 @@ import (
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -85,7 +87,24 @@ func TestConsumeThroughput(t *testing.T) {
 	if os.Getenv("KEYORDER_PUBSUB_ROUNDS") == "" {
 		rounds = 3
 	}
-	client, err := gpubsub.NewClient(context.Background(), "keyorder-bench")
+	// Wall-clock rates swing with the machine's load; the Pull counts do
+	// not, so they are logged too.
+	var pulls, pulled, empty, inPull atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		start := time.Now()
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if r, ok := reply.(*pubsubpb.PullResponse); ok {
+			pulls.Add(1)
+			pulled.Add(int64(len(r.GetReceivedMessages())))
+			if len(r.GetReceivedMessages()) == 0 {
+				empty.Add(1)
+			}
+			inPull.Add(int64(time.Since(start)))
+		}
+		return err
+	}
+	client, err := gpubsub.NewClient(context.Background(), "keyorder-bench",
+		option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(count)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +112,11 @@ func TestConsumeThroughput(t *testing.T) {
 	rates := map[string][]float64{}
 	for r := range rounds {
 		for _, path := range []string{"long-poll", "polling"} {
+			p0, m0, e0, w0 := pulls.Load(), pulled.Load(), empty.Load(), inPull.Load()
 			rate := consumeRound(t, client, n, path == "polling")
-			t.Logf("round %d %-9s: %.0f msgs/s", r+1, path, rate)
+			p, m, e, w := pulls.Load()-p0, pulled.Load()-m0, empty.Load()-e0, time.Duration(inPull.Load()-w0)
+			t.Logf("round %d %-9s: %.0f msgs/s, %d Pulls (%d empty), %.1f messages per Pull, %v in Pulls (%v each)",
+				r+1, path, rate, p, e, float64(m)/float64(max(p, 1)), w.Round(time.Millisecond), (w / time.Duration(max(p, 1))).Round(time.Microsecond))
 			rates[path] = append(rates[path], rate)
 		}
 	}
