@@ -219,3 +219,99 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 	}
 	return float64(n) / dur.Seconds()
 }
+
+// TestIdleLatency measures publish→handler latency under sparse traffic
+// (one message every 250ms, so the consumer is idle in between) on Google's
+// emulator: the long-poll path against the old polling one, whose pause
+// after empty answers grows to 200ms. It runs when
+// KEYORDER_PUBSUB_THROUGHPUT is set; KEYORDER_PUBSUB_ROUNDS rounds of 40
+// messages per path.
+func TestIdleLatency(t *testing.T) {
+	if n, _ := strconv.Atoi(os.Getenv("KEYORDER_PUBSUB_THROUGHPUT")); n <= 0 {
+		t.Skip("set KEYORDER_PUBSUB_THROUGHPUT=N to measure")
+	}
+	testenv.Require(t, testenv.PubSub)
+	rounds, _ := strconv.Atoi(os.Getenv("KEYORDER_PUBSUB_ROUNDS"))
+	client, err := gpubsub.NewClient(context.Background(), "keyorder-bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	lat := map[string][]time.Duration{}
+	for range max(rounds, 1) {
+		for _, path := range []string{"long-poll", "polling"} {
+			lat[path] = append(lat[path], idleRound(t, client, 40, path == "polling")...)
+		}
+	}
+	for _, path := range []string{"long-poll", "polling"} {
+		ls := lat[path]
+		slices.Sort(ls)
+		t.Logf("%-9s idle publish→handler latency over %d messages: p50 %v, p90 %v, max %v", path, len(ls),
+			ls[len(ls)/2].Round(time.Millisecond), ls[len(ls)*9/10].Round(time.Millisecond), ls[len(ls)-1].Round(time.Millisecond))
+	}
+}
+
+func idleRound(t *testing.T, client *gpubsub.Client, n int, old bool) []time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	id := strconv.FormatInt(time.Now().UnixNano(), 36)
+	topicID, subID := "idle-t-"+id, "idle-s-"+id
+	opts := &SubscriptionOptions{Ordering: policy.Ordered}
+	if err := CreateTopic(ctx, client, topicID); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, s := range []string{subID, subID + "-dead-sub"} {
+			client.SubscriptionAdminClient.DeleteSubscription(dctx, &pubsubpb.DeleteSubscriptionRequest{Subscription: subName(client.Project(), s)})
+		}
+		for _, tp := range []string{topicID, subID + "-dead"} {
+			client.TopicAdminClient.DeleteTopic(dctx, &pubsubpb.DeleteTopicRequest{Topic: topicName(client.Project(), tp)})
+		}
+	}()
+	sub, err := OpenSubscription(ctx, client, subID, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drv adapters.Subscription = sub
+	if old {
+		drv = polling{sub}
+	}
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	s, err := subscribe.New(drv, &subscribe.Config{Workers: 4, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Duration, n)
+	rctx, cancel := context.WithCancel(ctx)
+	go s.Run(rctx, func(ctx context.Context, d *keyorder.Delivery) error {
+		sent, _ := strconv.ParseInt(string(d.Payload), 10, 64)
+		got <- time.Since(time.Unix(0, sent))
+		return nil
+	})
+	pub := client.Publisher(topicID)
+	pub.EnableMessageOrdering = true
+	pub.PublishSettings.DelayThreshold = time.Millisecond
+	var out []time.Duration
+	for i := range n {
+		time.Sleep(250 * time.Millisecond)
+		if _, err := pub.Publish(ctx, &gpubsub.Message{Data: []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), OrderingKey: fmt.Sprint("k", i%5)}).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case d := <-got:
+			out = append(out, d)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("message %d not handled within 30s", i)
+		}
+	}
+	pub.Stop()
+	cancel()
+	s.Shutdown(ctx)
+	s.Close()
+	return out
+}
