@@ -77,11 +77,12 @@
 // than the subscriber has room for, the service answers as soon as some are
 // available, and a Pull that reaches its 2-second deadline empty is simply
 // sent again. When the subscriber stops (or the driver is closed) with a
-// Pull in flight, the Pull is given one second to answer, then cancelled;
-// what it brings meanwhile is handed back at once (ModifyAckDeadline 0). A
-// Pull cancelled in flight, like one that reaches its deadline on the
-// service, may have leased messages its answer never brings: Pub/Sub
-// redelivers them when their ack deadline passes. A received message is
+// Pull in flight, the Pull is not cancelled but left to answer or reach
+// its deadline, so shutdown waits at most 2 seconds for it; what it brings
+// meanwhile is handed back at once (ModifyAckDeadline 0). A Pull that
+// reaches its deadline on the service (or one cancelled in flight) may
+// have leased messages its answer never brings: Pub/Sub redelivers them
+// when their ack deadline passes. A received message is
 // leased for the subscription's ack deadline (Capabilities.LeaseDuration),
 // counted from when the Pull was sent or, for a Pull the service held
 // longer, from one second before its answer arrived; the subscriber

@@ -238,9 +238,9 @@ func TestReceiveStopWithPullInFlightLosesNothing(t *testing.T) {
 	}
 }
 
-// A server that holds a Pull past the grace does not hold up shutdown: the
-// Pull is cancelled shutdownGrace after the context ends, and Close ends a
-// Receive in flight the same way.
+// A server that holds a Pull does not hold up shutdown: Receive returns
+// by the Pull's deadline (shutdownGrace at most) after the context ends,
+// and Close ends a Receive in flight the same way.
 func TestReceiveShutdownBounded(t *testing.T) {
 	for _, srv := range receiveServers {
 		t.Run(srv.name, func(t *testing.T) {
@@ -263,8 +263,8 @@ func TestReceiveShutdownBounded(t *testing.T) {
 				if !errors.Is(err, context.Canceled) {
 					t.Fatalf("Receive = %v, want context.Canceled", err)
 				}
-				if d := time.Since(stopped); d < shutdownGrace {
-					t.Fatalf("Receive returned %v after its context ended, before the %v grace", d, shutdownGrace)
+				if d := time.Since(stopped); d < shutdownGrace/2 {
+					t.Fatalf("Receive returned %v after its context ended: the Pull was cancelled before its %v grace", d, shutdownGrace)
 				}
 			case <-time.After(bound):
 				t.Fatalf("Receive still waiting %v after its context ended", bound)

@@ -103,13 +103,18 @@ const (
 	// until messages are available or the deadline is near; Google's
 	// emulator answers empty about a second before it, the service ends
 	// it with DEADLINE_EXCEEDED, which Receive takes as an empty answer.
-	// Short enough that a Pull in flight when the consumer stops ends on
-	// its own on the emulator within shutdownGrace.
+	// Short enough to bound shutdown: a Pull in flight when the consumer
+	// stops is not cancelled but left to end by itself.
 	pullWait = 2 * time.Second
 	// shutdownGrace is how long a Pull in flight when Receive's context
 	// ends (or the driver is closed) is given to answer before it is
-	// cancelled.
-	shutdownGrace = time.Second
+	// cancelled: its whole deadline. The emulator keeps dispatching to a
+	// cancelled Pull until its own wait ends (measured: a message
+	// published after the cancel stranded until its ack deadline), and
+	// the subscriber hands its held messages back right after Receive
+	// returns; with a shorter grace, a slow emulator gave them to the
+	// cancelled Pull.
+	shutdownGrace = pullWait
 	// leaseSlack is how long before a Pull's answer arrived the service
 	// may have leased its messages (the answer's transit): a message's
 	// lease is counted from max(sent, answered-leaseSlack).
@@ -134,8 +139,8 @@ const (
 // released by Receive itself after Close. A Pull cancelled in flight may
 // have leased messages that its answer never brings; they come back when
 // their ack deadline passes (on Google's emulator behind their key's
-// later messages). The grace makes that rare: the emulator answers every
-// Pull within about pullWait minus a second.
+// later messages). The grace, the Pull's whole deadline, makes that rare:
+// the emulator answers every Pull within about pullWait minus a second.
 func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
