@@ -75,7 +75,7 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	b.FailSends("t", func([]*adapters.Message) error { return errors.New("boom") })
 	err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
 	check("Publish broker failure", err, keyorder.ErrBackend, keyorder.CodeUnknown)
-	b.FailSends("t", func([]*adapters.Message) error { return memory.Transient })
+	b.FailSends("t", func([]*adapters.Message) error { return memory.ErrTransient })
 	err = pub.Publish(ctx, &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	check("Publish transient failure", err, keyorder.ErrUnavailable, keyorder.CodeUnavailable)
 	b.FailSends("t", nil)

@@ -227,7 +227,7 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 	var calls atomic.Int32
 	b.FailSends("t", func(ms []*adapters.Message) error {
 		if calls.Add(1) <= 2 {
-			return fmt.Errorf("flaky: %w", memory.Transient)
+			return fmt.Errorf("flaky: %w", memory.ErrTransient)
 		}
 		return nil
 	})
@@ -237,7 +237,7 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 	if got := receiveAll(t, s); len(got) != 1 {
 		t.Fatalf("delivered %d copies", len(got))
 	}
-	b.FailSends("t", func(ms []*adapters.Message) error { return fmt.Errorf("still flaky: %w", memory.Transient) })
+	b.FailSends("t", func(ms []*adapters.Message) error { return fmt.Errorf("still flaky: %w", memory.ErrTransient) })
 	err := p.Publish(context.Background(), &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	var ke *keyorder.Error
 	if !errors.As(err, &ke) || ke.Code != keyorder.CodeUnavailable || ke.Op != "publish" {

@@ -311,7 +311,7 @@ func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*adapters.Messa
 	failed := false
 	e.once.Do(func() { failed = true })
 	if err == nil && failed {
-		return ms, fmt.Errorf("stream broke: %w", memory.Transient)
+		return ms, fmt.Errorf("stream broke: %w", memory.ErrTransient)
 	}
 	return ms, err
 }

@@ -129,9 +129,10 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		sent := time.Now()
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
 		resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
-			Subscription:      s.name,
-			MaxMessages:       int32(maxMessages),
-			ReturnImmediately: true, //nolint:staticcheck // see above: a pull must not be cancelled in flight
+			Subscription: s.name,
+			MaxMessages:  int32(maxMessages),
+			//lint:ignore SA1019 see above: a pull must not be cancelled in flight, so it must not wait either
+			ReturnImmediately: true,
 		})
 		cancel()
 		if err != nil {
@@ -414,7 +415,9 @@ func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessag
 	seen := map[string]bool{}
 	for {
 		resp, err := s.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{
-			Subscription: s.deadSub, MaxMessages: 1000, ReturnImmediately: true, //nolint:staticcheck // a listing must not wait
+			Subscription: s.deadSub, MaxMessages: 1000,
+			//lint:ignore SA1019 a listing must not wait for messages to arrive
+			ReturnImmediately: true,
 		})
 		if err != nil {
 			s.releaseDead(all)
