@@ -270,7 +270,7 @@ func publishDelayHoldsGroup(f *fixture) {
 	p := f.publisher(nil)
 	start := time.Now()
 	delay := 5 * f.unit
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "A", Payload: []byte("a1"), NotBefore: start.Add(delay)}); err != nil {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "A", Payload: []byte("a1"), NotBefore: start.Add(delay)}); err != nil {
 		f.t.Fatal(err)
 	}
 	f.publish(p, "a2:A", "b1:B")
@@ -295,7 +295,7 @@ func heldGroupWithBacklog(f *fixture) {
 	hold := 20 * f.unit
 	p := f.publisher(nil)
 	f.publish(p, "a01:A")
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
 		f.t.Fatal(err)
 	}
 	var a, d []string
@@ -398,14 +398,14 @@ func redriveOrder(f *fixture) {
 
 func missingKey(f *fixture) {
 	reject := f.publisher(nil)
-	err := reject.Publish(f.ctx, &keyorder.Message{Payload: []byte("lost")})
+	_, err := reject.Publish(f.ctx, &keyorder.Message{Payload: []byte("lost")})
 	if !errors.Is(err, keyorder.ErrMissingKey) {
 		f.t.Fatalf("keyless publish under Reject = %v, want ErrMissingKey", err)
 	}
 	unordered := f.publisher(&publish.Config{MissingKey: policy.Unordered})
 	f.publish(unordered, "s1:", "k1:K")
 	// The header is the second source of the key.
-	if err := unordered.Publish(f.ctx, &keyorder.Message{Payload: []byte("k2"), Headers: map[string]string{keyorder.HeaderPartitionKey: "K"}}); err != nil {
+	if _, err := unordered.Publish(f.ctx, &keyorder.Message{Payload: []byte("k2"), Headers: map[string]string{keyorder.HeaderPartitionKey: "K"}}); err != nil {
 		f.t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -504,11 +504,11 @@ func publishFailurePausesKey(f *fixture) {
 	f.pair.Topic = saved
 	boom := errors.New("broker unavailable")
 	ft.failKey("bad", boom)
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("failed publish = %v, want the broker error", err)
 	}
 	ft.setFail(nil)
-	err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x2")})
+	_, err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x2")})
 	var kp *keyorder.KeyPausedError
 	if !errors.Is(err, keyorder.ErrKeyPaused) || !errors.As(err, &kp) || kp.Key != "bad" || !errors.Is(err, boom) {
 		f.t.Fatalf("publish of a paused key = %v, want ErrKeyPaused naming the key and the cause", err)
@@ -523,7 +523,7 @@ func publishFailurePausesKey(f *fixture) {
 	f.publish(p, "x3:bad")
 	// Auto-resume: the failed publish returns its error, the next is sent.
 	ft.failKey("auto", boom)
-	if err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
+	if _, err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("auto-resume publish = %v", err)
 	}
 	ft.setFail(nil)
@@ -545,13 +545,13 @@ func badInput(f *fixture) {
 	lim := p.Limits()
 	check := func(what string, m *keyorder.Message, want error) {
 		f.t.Helper()
-		if err := p.Publish(f.ctx, m); !errors.Is(err, want) {
+		if _, err := p.Publish(f.ctx, m); !errors.Is(err, want) {
 			f.t.Errorf("%s: Publish = %v, want %v", what, err, want)
 		}
 	}
 	if lim.MaxKeyBytes > 0 {
 		var le *keyorder.LimitError
-		err := p.Publish(f.ctx, &keyorder.Message{Key: strings.Repeat("k", lim.MaxKeyBytes+1), Payload: []byte("x")})
+		_, err := p.Publish(f.ctx, &keyorder.Message{Key: strings.Repeat("k", lim.MaxKeyBytes+1), Payload: []byte("x")})
 		if !errors.As(err, &le) || le.Limit != "key length" || le.Max != lim.MaxKeyBytes || !errors.Is(err, keyorder.ErrInvalidMessage) {
 			f.t.Errorf("key over %d bytes: %v", lim.MaxKeyBytes, err)
 		}
@@ -567,7 +567,7 @@ func badInput(f *fixture) {
 	}
 	check("nil message", nil, keyorder.ErrInvalidMessage)
 	// A batch with one bad message sends nothing.
-	err := p.PublishBatch(f.ctx, []*keyorder.Message{{Key: "k", Payload: []byte("ok1")}, {Payload: []byte("no key")}})
+	_, err := p.PublishBatch(f.ctx, []*keyorder.Message{{Key: "k", Payload: []byte("ok1")}, {Payload: []byte("no key")}})
 	if !errors.Is(err, keyorder.ErrMissingKey) || !strings.Contains(err.Error(), "message 1") {
 		f.t.Errorf("batch with a keyless message = %v", err)
 	}
@@ -647,7 +647,7 @@ func property(f *fixture, ordering policy.Ordering) {
 			return nil
 		})
 	for i := 0; i < len(batch); i += 50 {
-		if err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
+		if _, err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
 			f.t.Fatal(err)
 		}
 		kit.Published(batch[i:min(i+50, len(batch))]...)
@@ -729,7 +729,7 @@ func shutdownMidStream(f *fixture) {
 		order[key] = append(order[key], name)
 		msgs = append(msgs, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)})
 	}
-	if err := p.PublishBatch(f.ctx, msgs); err != nil {
+	if _, err := p.PublishBatch(f.ctx, msgs); err != nil {
 		f.t.Fatal(err)
 	}
 	slow := func(ctx context.Context, d *keyorder.Delivery) error {
@@ -856,17 +856,17 @@ func exactBytesAndKnowableLimits(f *fixture) {
 			m.Payload = []byte("bad")
 		}
 		var le *keyorder.LimitError
-		if err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
+		if _, err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
 			f.t.Errorf("%s: Publish = %v, want a LimitError", b.what, err)
 		}
 		after++
 		next := &keyorder.Message{ID: fmt.Sprintf("after%d", after), Key: "K", Payload: []byte("after")}
-		if err := p.Publish(f.ctx, next); err != nil {
+		if _, err := p.Publish(f.ctx, next); err != nil {
 			f.t.Errorf("next valid message after %s: %v (the key was paused)", b.what, err)
 		}
 	}
 	for _, m := range valid {
-		if err := p.Publish(f.ctx, m); err != nil {
+		if _, err := p.Publish(f.ctx, m); err != nil {
 			f.t.Fatalf("publish %s: %v", m.ID, err)
 		}
 	}
