@@ -55,17 +55,26 @@ func TestKeyResolution(t *testing.T) {
 		{Headers: map[string]string{keyorder.HeaderPartitionKey: "header"}},
 		{},
 	}
+	var ids []string
 	for _, m := range msgs {
-		if _, err := p.Publish(ctx, m); err != nil {
+		id, err := p.Publish(ctx, m)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if u, err := uuid.Parse(m.ID); err != nil || u.Version() != 7 {
-			t.Fatalf("assigned ID %q is not a UUIDv7", m.ID)
+		if u, err := uuid.Parse(id); err != nil || u.Version() != 7 {
+			t.Fatalf("assigned ID %q is not a UUIDv7", id)
 		}
+		if m.ID != "" || m.Key != msgs[0].Key && m.Key != "" {
+			t.Fatalf("Publish modified the caller's message: %+v", m)
+		}
+		ids = append(ids, id)
 	}
 	got := receiveAll(t, s)
 	var keys []string
-	for _, m := range got {
+	for i, m := range got {
+		if m.ID != ids[i] {
+			t.Errorf("message %d sent with ID %q, Publish returned %q", i, m.ID, ids[i])
+		}
 		keys = append(keys, m.Key)
 		if _, ok := m.Headers[keyorder.HeaderPartitionKey]; ok {
 			t.Errorf("the key travelled as a header: %v", m.Headers)
