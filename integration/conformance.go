@@ -57,6 +57,7 @@ var cases = []testCase{
 	{"LostConsumerRedeliversFirst", Spec{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second}, lostConsumer},
 	{"PanicCountsAsFailedAttempt", Spec{Ordering: policy.Ordered}, panicHoldsKey},
 	{"PublishFailurePausesKey", Spec{Ordering: policy.Ordered}, publishFailurePausesKey},
+	{"AsyncPublishKeepsOrder", Spec{Ordering: policy.Ordered}, asyncPublishKeepsOrder},
 	{"BadInput", Spec{Ordering: policy.Ordered}, badInput},
 	{"ExactBytesAndKnowableLimits", Spec{Ordering: policy.Ordered}, exactBytesAndKnowableLimits},
 	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
@@ -537,6 +538,74 @@ func publishFailurePausesKey(f *fixture) {
 	slices.Sort(got)
 	if !slices.Equal(got, []string{"g1", "x3", "y2"}) {
 		f.t.Fatalf("handled %v, want exactly the messages that were sent", got)
+	}
+}
+
+// asyncPublishKeepsOrder: one goroutine publishes with PublishAsync, not
+// waiting for the broker, under outstanding limits small enough to block
+// it; every key's messages are handled in the order they were published,
+// each delivered with the ID its Result returned.
+func asyncPublishKeepsOrder(f *fixture) {
+	const nKeys, nMsgs = 20, 400
+	p := f.publisher(&publish.Config{MaxOutstandingMessages: 64, MaxBatch: 10})
+	order := map[string][]string{}
+	var results []*publish.Result
+	var names []string
+	for i := range nMsgs {
+		key := fmt.Sprintf("k%02d", (i*7+i/nKeys)%nKeys)
+		name := fmt.Sprintf("m%03d", i)
+		order[key] = append(order[key], name)
+		names = append(names, name)
+		m := &keyorder.Message{Key: key, Payload: []byte(name)}
+		if i%2 == 0 {
+			m.ID = f.t.Name() + "/" + name // chosen up front; the rest are assigned
+		}
+		results = append(results, p.PublishAsync(f.ctx, m))
+	}
+	ids := map[string]string{} // name -> the ID its Result returned
+	for i, r := range results {
+		id, err := r.Get(f.ctx)
+		if err != nil {
+			f.t.Fatalf("%s: %v", names[i], err)
+		}
+		if i%2 == 0 && id != f.t.Name()+"/"+names[i] {
+			f.t.Errorf("%s: Result ID %q, want the one chosen", names[i], id)
+		}
+		ids[names[i]] = id
+	}
+	var mu sync.Mutex
+	got := map[string]string{} // name -> delivered ID
+	f.subscribe(&subscribe.Config{Workers: 4}, func(_ context.Context, d *keyorder.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[nameOf(d)] = d.ID
+		return nil
+	})
+	f.waitFor(400, "every message handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= nMsgs
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for name, id := range ids {
+		if got[name] != id {
+			f.t.Errorf("%s delivered with ID %q, its Result returned %q", name, got[name], id)
+		}
+	}
+	for key, want := range order {
+		if m := f.rec.maxInFlight(key); m > 1 {
+			f.t.Errorf("key %s: %d in flight at once", key, m)
+		}
+		var first []string
+		for _, n := range f.rec.starts(key) {
+			if !slices.Contains(first, n) {
+				first = append(first, n)
+			}
+		}
+		if !slices.Equal(first, want) {
+			f.t.Errorf("key %s: handled in order %v, published %v", key, first, want)
+		}
 	}
 }
 
