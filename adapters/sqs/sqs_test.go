@@ -507,3 +507,12 @@ func TestURLCredentialsChain(t *testing.T) {
 	}
 	sub.Close()
 }
+
+// The URL opener's HTTP client keeps enough idle connections for a few
+// hundred keys in flight (the SDK's default keeps 10 per host).
+func TestHTTPClientKeepsIdleConnections(t *testing.T) {
+	tr := sqs.NewHTTPClient().GetTransport()
+	if tr.MaxIdleConnsPerHost != sqs.MaxIdleConnsPerHostDefault || tr.MaxIdleConns < sqs.MaxIdleConnsPerHostDefault {
+		t.Fatalf("MaxIdleConnsPerHost %d, MaxIdleConns %d", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+	}
+}
