@@ -244,11 +244,17 @@ func (p *Publisher) Limits() adapters.Limits { return p.limits }
 // Publish sends one message and waits until the broker has it; it returns
 // the message's ID (m.ID, or the UUIDv7 assigned to the copy it sends when
 // m.ID is empty; m is never modified). It is PublishAsync followed by
-// Result.Get: see them for the ordering, blocking and error rules. If ctx is
-// already done, Publish returns ctx.Err() and sends nothing. If ctx ends
-// while the message waits for its key's batch in flight, Publish returns its
-// ID and ctx.Err(), and the message stays queued in its place and is sent (so
-// a later publish of the key never overtakes it).
+// Result.Get: see them for the ordering and blocking rules. The error is
+// typed: a message that breaks a rule fails before anything is sent
+// (keyorder.ErrMissingKey, *keyorder.LimitError matching
+// keyorder.ErrInvalidMessage); a paused key fails with
+// *keyorder.KeyPausedError; a broker error comes back as *keyorder.Error. A
+// message still unsent when Close gives up fails with an error matching
+// keyorder.ErrClosed. If ctx is already done, Publish returns ctx.Err() and
+// sends nothing. If ctx ends while the message waits for its key's batch in
+// flight, Publish returns its ID and ctx.Err(), and the message stays
+// queued in its place and is sent (so a later publish of the key never
+// overtakes it).
 func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) (string, error) {
 	return p.PublishAsync(ctx, m).Get(ctx)
 }
