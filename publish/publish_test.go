@@ -198,7 +198,10 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 	// Queued behind the failing batch: they must fail without being sent.
 	behind := make(chan error, 3)
 	for i := range 3 {
-		go func() { _, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: fmt.Appendf(nil, "b%d", i)}); behind <- err }()
+		go func() {
+			_, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: fmt.Appendf(nil, "b%d", i)})
+			behind <- err
+		}()
 	}
 	if _, err := p.Publish(ctx, &keyorder.Message{Key: "good", Payload: []byte("g")}); err != nil {
 		t.Fatalf("another key was held by the failing one: %v", err)

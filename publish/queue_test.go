@@ -158,7 +158,10 @@ func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Sub
 	}
 	errs := make(chan error, 3)
 	for _, m := range []string{"m1", "m2", "m3"} {
-		go func() { _, err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte(m)}); errs <- err }()
+		go func() {
+			_, err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte(m)})
+			errs <- err
+		}()
 		synctest.Wait()
 	}
 	return p, g, s, errs
