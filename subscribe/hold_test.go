@@ -93,7 +93,7 @@ func TestDelayedKeyDoesNotStarveOtherKeys(t *testing.T) {
 		})
 		stop = stopOnce(stop)
 		defer stop()
-		if err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: time.Now().Add(time.Minute)}); err != nil {
+		if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: time.Now().Add(time.Minute)}); err != nil {
 			t.Fatal(err)
 		}
 		for _, id := range []string{"a2", "a3", "a4", "a5", "a6"} {

@@ -132,7 +132,7 @@ func run() error {
 	}
 	for _, a := range adjustments {
 		m := &keyorder.Message{ID: run + "-" + a.id, Key: a.account, Payload: fmt.Appendf(nil, "%s %d", a.id, a.delta)}
-		if err := pub.Publish(ctx, m); err != nil {
+		if _, err := pub.Publish(ctx, m); err != nil {
 			return fmt.Errorf("publish %s: %w", a.id, err)
 		}
 	}
