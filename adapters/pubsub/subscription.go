@@ -532,7 +532,9 @@ func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessag
 	seen := map[string]bool{}
 	for {
 		resp, err := s.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{
-			Subscription: s.deadSub, MaxMessages: 1000, ReturnImmediately: true, //nolint:staticcheck // a listing must not wait
+			Subscription: s.deadSub, MaxMessages: 1000,
+			//lint:ignore SA1019 a listing must not wait for messages to arrive
+			ReturnImmediately: true,
 		})
 		if err != nil {
 			s.releaseDead(all)

@@ -44,9 +44,10 @@ func (s polling) Receive(ctx context.Context, maxMessages int) ([]*adapters.Mess
 		sent := time.Now()
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
-			Subscription:      s.name,
-			MaxMessages:       int32(maxMessages),
-			ReturnImmediately: true, //nolint:staticcheck // the old path, measured as a baseline
+			Subscription: s.name,
+			MaxMessages:  int32(maxMessages),
+			//lint:ignore SA1019 the old path, measured as a baseline
+			ReturnImmediately: true,
 		})
 		cancel()
 		if err != nil {
@@ -166,7 +167,7 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 		ms[i] = &keyorder.Message{Key: fmt.Sprintf("k%03d", i%keys), Payload: b}
 	}
 	for i := 0; i < n; i += 1000 {
-		if err := p.PublishBatch(ctx, ms[i:min(i+1000, n)]); err != nil {
+		if _, err := p.PublishBatch(ctx, ms[i:min(i+1000, n)]); err != nil {
 			t.Fatal(err)
 		}
 	}
