@@ -130,7 +130,7 @@ func (t *Topic) Limits() adapters.Limits {
 const MaxAttributes = 100
 
 // checkHeaders rejects header names Pub/Sub reserves.
-func checkHeaders(m *adapters.Message) error {
+func checkHeaders(m *keyorder.Message) error {
 	for k := range m.Headers {
 		if strings.HasPrefix(strings.ToLower(k), "goog") {
 			return fmt.Errorf("header name %q: Pub/Sub reserves the goog prefix", k)

@@ -247,8 +247,9 @@ func (t *Topic) Limits() adapters.Limits {
 
 // checkEncode is encode's verdict on m, for adapters.Validate: the same
 // checks SendBatch applies, run before anything is sent.
-func checkEncode(m *adapters.Message) error {
-	_, err := encode(m, policy.Ordered)
+func checkEncode(m *keyorder.Message) error {
+	am := &adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
+	_, err := encode(am, policy.Ordered)
 	if err == nil {
 		return nil
 	}
