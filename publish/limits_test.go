@@ -36,7 +36,7 @@ func (s strictTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 
 func (s strictTopic) Limits() adapters.Limits {
 	l := s.Topic.Limits()
-	l.Check = func(m *adapters.Message) error {
+	l.Check = func(m *keyorder.Message) error {
 		if _, ok := m.Headers["huge"]; ok {
 			return errors.New("header huge: over the broker's encoded size")
 		}
