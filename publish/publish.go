@@ -190,7 +190,7 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 }
 
 // Limits returns the backend's message limits.
-func (p *Publisher) Limits() adapters.Limits { return p.limits }
+func (p *Publisher) Limits() keyorder.Limits { return p.limits }
 
 // Publish sends one message and waits until the broker has it. It sets m.ID
 // to a new UUID (version 7) when empty. The error is typed: a message that

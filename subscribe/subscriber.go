@@ -20,7 +20,7 @@ import (
 type Subscriber struct {
 	drv  adapters.Subscription
 	cfg  *Config
-	caps adapters.Capabilities
+	caps keyorder.Capabilities
 	name string
 
 	running  atomic.Bool
@@ -138,7 +138,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 func (s *Subscriber) Stats() *Stats { return &s.stats }
 
 // Capabilities returns the driver's capabilities.
-func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
+func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }
 
 // Run receives and handles messages until ctx ends or Shutdown is called,
 // then shuts down gracefully: it stops receiving, lets running handlers
