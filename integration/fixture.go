@@ -132,13 +132,12 @@ func (r *running) stop(t *testing.T) {
 	r.stopped = true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.sub.Shutdown(ctx); err != nil {
-		t.Errorf("Shutdown: %v", err)
+	if err := r.sub.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 	if err := <-r.done; err != nil {
 		t.Errorf("Run: %v", err)
 	}
-	r.sub.Close()
 }
 
 // waitFor polls cond until it holds or the deadline (in units) passes.

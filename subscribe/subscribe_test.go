@@ -69,7 +69,9 @@ func (w *world) start(t *testing.T, drv adapters.Subscription, cfg *subscribe.Co
 	go func() { done <- s.Run(context.Background(), h) }()
 	return s, func() {
 		t.Helper()
-		s.Shutdown(context.Background())
+		if err := s.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}

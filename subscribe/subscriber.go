@@ -1,10 +1,11 @@
 package subscribe
 
 // This file: the Subscriber, how it is opened, and its lifecycle (Run,
-// drain, Shutdown, Close).
+// drain, Close).
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -24,9 +25,11 @@ type Subscriber struct {
 	name string
 
 	running  atomic.Bool
-	closing  atomic.Bool
+	closing  atomic.Bool // Run is shutting down
+	closed   atomic.Bool // Close was called
 	shutdown chan struct{}
 	stopOnce sync.Once
+	kill     chan struct{} // closed when Close's deadline ends first
 	done     chan struct{}
 
 	tokens chan struct{}
@@ -116,6 +119,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	s := &Subscriber{
 		drv: drv, cfg: c, caps: caps,
 		shutdown:    make(chan struct{}),
+		kill:        make(chan struct{}),
 		done:        make(chan struct{}),
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
@@ -140,7 +144,7 @@ func (s *Subscriber) Stats() *Stats { return &s.stats }
 // Capabilities returns the driver's capabilities.
 func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }
 
-// Run receives and handles messages until ctx ends or Shutdown is called,
+// Run receives and handles messages until ctx ends or Close is called,
 // then shuts down gracefully: it stops receiving, lets running handlers
 // finish for up to Config.ShutdownTimeout (then cancels their contexts),
 // returns messages never started to the broker, and returns nil. On a
@@ -149,12 +153,17 @@ func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }
 // received: nothing of those waits in process for a retry, and a message
 // handed back unstarted costs a receive that a broker counting every
 // receive (SQS) would report to the next consumer as an attempt. It returns
-// an error if the subscription fails permanently. Run may be called once.
+// an error if the subscription fails permanently. Run may be called once,
+// and not after Close (it then returns keyorder.ErrClosed). After Run
+// returns, call Close to release the subscription.
 func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler", keyorder.ErrInvalidConfig)
 	}
 	if !s.running.CompareAndSwap(false, true) {
+		if s.closed.Load() {
+			return fmt.Errorf("subscribe: Run after Close: %w", keyorder.ErrClosed)
+		}
 		return fmt.Errorf("%w: Run called twice", keyorder.ErrInvalidConfig)
 	}
 	defer close(s.done)
@@ -190,6 +199,14 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	runErr := s.pump(rctx, pool)
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	go func() {
+		// Close's deadline ended before the graceful shutdown did.
+		select {
+		case <-s.kill:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	if s.caps.NativeHold && runErr == nil {
 		s.drain(sctx)
 	}
@@ -238,21 +255,33 @@ func (s *Subscriber) drain(ctx context.Context) {
 	}
 }
 
-// Shutdown makes Run stop receiving and return after its graceful shutdown.
-// It waits until Run has returned (immediately if Run was never called) or
-// ctx ends.
-func (s *Subscriber) Shutdown(ctx context.Context) error {
+// Close stops the subscriber and releases the subscription, as
+// publish.Publisher.Close does for a publisher: it makes Run stop receiving
+// and shut down gracefully (see Run), waits until Run has returned, and
+// closes the driver. When ctx ends first, Close cuts the graceful shutdown
+// short (running handlers' contexts are cancelled, messages not yet settled
+// are left to the broker), waits for Run to return, closes the driver and
+// returns ctx's error. If Run was never called, Close only closes the
+// driver, and a later Run returns keyorder.ErrClosed. Calling Close again
+// returns keyorder.ErrClosed.
+func (s *Subscriber) Close(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return keyorder.ErrClosed
+	}
 	s.stopOnce.Do(func() { close(s.shutdown) })
-	if !s.running.Load() {
-		return nil
+	var err error
+	if !s.running.CompareAndSwap(false, true) {
+		// Run was called: wait for its shutdown.
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			err = ctx.Err()
+			close(s.kill)
+			<-s.done
+		}
 	}
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if cerr := s.drv.Close(); cerr != nil {
+		err = errors.Join(err, adapters.WrapError("close", cerr, s.drv.ErrorCode))
 	}
+	return err
 }
-
-// Close closes the driver. Call it after Run has returned.
-func (s *Subscriber) Close() error { return s.drv.Close() }

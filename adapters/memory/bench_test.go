@@ -57,7 +57,7 @@ func BenchmarkPublishHandleOrdered(b *testing.B) {
 			<-done
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 			b.StopTimer()
-			sub.Shutdown(ctx)
+			sub.Close(ctx)
 			pub.Close(ctx)
 		})
 	}

@@ -38,7 +38,7 @@ func TestStoredRetrySettingsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	var runs atomic.Int32
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

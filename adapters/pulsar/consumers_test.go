@@ -219,8 +219,8 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	// The first leaves gracefully: running handlers finish, what it holds
 	// returns to the broker when it disconnects.
 	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-	if err := p1.sub.Shutdown(sctx); err != nil {
-		t.Errorf("shutdown: %v", err)
+	if err := p1.sub.Close(sctx); err != nil {
+		t.Errorf("close: %v", err)
 	}
 	scancel()
 	<-p1.done

@@ -144,8 +144,8 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 	stop := func(p *proc) {
 		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := p.sub.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
+		if err := p.sub.Close(sctx); err != nil {
+			t.Errorf("close: %v", err)
 		}
 		if err := <-p.done; err != nil {
 			t.Errorf("run: %v", err)

@@ -132,9 +132,8 @@ func exercise(t *testing.T, topicURL, subURL string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	sub.Shutdown(ctx)
+	sub.Close(ctx)
 	<-done
-	sub.Close()
 	if len(dead) != 1 || dead[0].ID != ids[1] || dead[0].Payload != "poison" || dead[0].Key != "acct-42" ||
 		!strings.Contains(dead[0].Reason, "cannot apply") || dead[0].Attempts != 1 {
 		t.Fatalf("dead letters %+v, want the poison message %s", dead, ids[1])
@@ -233,9 +232,8 @@ func heldKey(t *testing.T, topicURL, subURL string) {
 	case <-ctx.Done():
 		t.Fatal("not handled")
 	}
-	sub.Shutdown(ctx)
+	sub.Close(ctx)
 	<-done
-	sub.Close()
 	code, stdout, stderr := cmd(t, "", "held", subURL, "--json")
 	var keys []heldJSON
 	if code != exitOK || json.Unmarshal([]byte(stdout), &keys) != nil || len(keys) != 1 || keys[0].Key != "acct-9" ||
