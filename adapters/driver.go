@@ -189,6 +189,23 @@ func (m *Message) Portable() keyorder.Message {
 	return keyorder.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
 }
 
+// StatsReporter is implemented by subscriptions whose backend can count
+// what it keeps for the subscription. subscribe.Subscriber.Stats returns the
+// counts as Stats.Backend.
+type StatsReporter interface {
+	// BackendStats returns the subscription's counts; a count the backend
+	// cannot report is keyorder.Unknown.
+	BackendStats(ctx context.Context) (keyorder.BackendStats, error)
+}
+
+// HeldKeyLister is implemented by subscriptions whose backend can list the
+// ordering keys it holds (subscribe.Subscriber.HeldKeys).
+type HeldKeyLister interface {
+	// HeldKeys lists up to limit keys that are in flight or waiting,
+	// soonest deliverable first; limit <= 0 lists them all.
+	HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error)
+}
+
 // Namer is implemented by Subscription drivers that know the name of their
 // subscription. subscribe puts it in keyorder.Delivery.Subscription; it is
 // never a URL, so no secret of the URL reaches a handler or its logs.

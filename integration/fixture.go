@@ -370,3 +370,13 @@ type keepOpen struct{ adapters.Topic }
 
 // Close leaves the driver open.
 func (keepOpen) Close() error { return nil }
+
+// counts returns the subscriber's counts (the process's own; an error from
+// the backend's part is ignored: the conformance cases read only the
+// process's counts).
+func counts(s *subscribe.Subscriber) subscribe.Stats {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, _ := s.Stats(ctx)
+	return st
+}

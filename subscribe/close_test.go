@@ -132,3 +132,13 @@ func TestCloseDeadlineCutsShutdownShort(t *testing.T) {
 		}
 	})
 }
+
+// counts returns s's own counts (the memory backend reports no backend
+// stats).
+func counts(s *subscribe.Subscriber) subscribe.Stats {
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return st
+}

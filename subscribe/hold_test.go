@@ -192,8 +192,8 @@ func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if calls.Load() != 1 || s.Stats().Suppressed.Load() < 1 {
-			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and at least 1", calls.Load(), s.Stats().Suppressed.Load())
+		if calls.Load() != 1 || counts(s).Suppressed < 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and at least 1", calls.Load(), counts(s).Suppressed)
 		}
 	})
 }
@@ -225,8 +225,8 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		stop()
-		if n := s.Stats().LeasesLost.Load(); n != 0 || s.Stats().Acked.Load() != 1 {
-			t.Fatalf("leases lost = %d, acked = %d; want 0 and 1", n, s.Stats().Acked.Load())
+		if n := counts(s).LeasesLost; n != 0 || counts(s).Acked != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want 0 and 1", n, counts(s).Acked)
 		}
 	})
 }
@@ -268,8 +268,8 @@ func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 		if got, want := log.get(), []string{"a1", "a1", "a2", "a3"}; !slices.Equal(got, want) {
 			t.Fatalf("handled %v, want %v", got, want)
 		}
-		if attempts[1] < 2 || s.Stats().LeasesLost.Load() != 3 {
-			t.Fatalf("a1 attempts %v, leases lost %d; want the retry counted and 3 lost", attempts, s.Stats().LeasesLost.Load())
+		if attempts[1] < 2 || counts(s).LeasesLost != 3 {
+			t.Fatalf("a1 attempts %v, leases lost %d; want the retry counted and 3 lost", attempts, counts(s).LeasesLost)
 		}
 	})
 }
@@ -423,7 +423,7 @@ func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		stop()
-		if n := s.Stats().LeasesLost.Load(); n != 0 {
+		if n := counts(s).LeasesLost; n != 0 {
 			t.Fatalf("leases lost = %d, want 0", n)
 		}
 	})

@@ -91,8 +91,8 @@ func TestRedeliveryOfAckedIDIsSuppressed(t *testing.T) {
 		w.publish(t, "same-id", "k") // the broker delivers it again
 		synctest.Wait()
 		stop()
-		if calls.Load() != 1 || s.Stats().Suppressed.Load() != 1 {
-			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and 1", calls.Load(), s.Stats().Suppressed.Load())
+		if calls.Load() != 1 || counts(s).Suppressed != 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and 1", calls.Load(), counts(s).Suppressed)
 		}
 	})
 }
@@ -143,8 +143,8 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		if cause.Load() == nil {
 			t.Fatal("the handler's context was not cancelled when its lease was lost")
 		}
-		if s.Stats().LeasesLost.Load() < 1 || s.Stats().Acked.Load() != 1 {
-			t.Fatalf("leases lost = %d, acked = %d; want at least 1, and 1 (redelivered and handled)", s.Stats().LeasesLost.Load(), s.Stats().Acked.Load())
+		if counts(s).LeasesLost < 1 || counts(s).Acked != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want at least 1, and 1 (redelivered and handled)", counts(s).LeasesLost, counts(s).Acked)
 		}
 	})
 }

@@ -53,27 +53,22 @@ type Subscriber struct {
 	// call was given up, so a redelivery is dead-lettered again without
 	// running the handler.
 	undead *noteSet[deadNote]
-	stats  Stats
+	stats  counters
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
 }
 
-// Stats counts what a Subscriber did.
-type Stats struct {
-	Handled      atomic.Int64 // handler calls
-	Acked        atomic.Int64
-	Retried      atomic.Int64
-	DeadLettered atomic.Int64
-	Suppressed   atomic.Int64 // redeliveries of acknowledged IDs
-	LeasesLost   atomic.Int64
-	Panics       atomic.Int64
-	// SettleRetries counts settlement calls (Ack, Nack, Release,
-	// DeadLetter, ExtendLeases) repeated after a retryable failure.
-	SettleRetries atomic.Int64
-	// SettleFailures counts settlements given up (a permanent error, or
-	// retries exhausted): the broker redelivers those messages when their
-	// leases expire.
+// counters count what a Subscriber did; Stats reads them.
+type counters struct {
+	Handled        atomic.Int64
+	Acked          atomic.Int64
+	Retried        atomic.Int64
+	DeadLettered   atomic.Int64
+	Suppressed     atomic.Int64
+	LeasesLost     atomic.Int64
+	Panics         atomic.Int64
+	SettleRetries  atomic.Int64
 	SettleFailures atomic.Int64
 }
 
@@ -137,9 +132,6 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	}
 	return s, nil
 }
-
-// Stats returns the subscriber's counters.
-func (s *Subscriber) Stats() *Stats { return &s.stats }
 
 // Capabilities returns the driver's capabilities.
 func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }

@@ -41,6 +41,8 @@ type Subscription struct {
 var (
 	_ adapters.Subscription    = (*Subscription)(nil)
 	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ adapters.StatsReporter   = (*Subscription)(nil)
+	_ adapters.HeldKeyLister   = (*Subscription)(nil)
 )
 
 // ackID is a delivery's handle. A keyed delivery belongs to the chain it
@@ -580,9 +582,15 @@ func (su *Subscription) Redrive(ctx context.Context, ids []string) (int, error) 
 }
 
 // HeldKeys lists up to limit keys that are in flight or waiting, soonest
-// first.
-func (su *Subscription) HeldKeys(ctx context.Context, limit int) ([]HeldKey, error) {
+// first (adapters.HeldKeyLister).
+func (su *Subscription) HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error) {
 	return su.s.heldKeys(ctx, su.info.id, limit)
+}
+
+// BackendStats counts the subscription's pending messages, dead letters,
+// keys and held keys (adapters.StatsReporter).
+func (su *Subscription) BackendStats(ctx context.Context) (keyorder.BackendStats, error) {
+	return su.s.backendStats(ctx, su.info.id)
 }
 
 // IsRetryable reports whether err is transient.

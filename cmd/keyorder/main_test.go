@@ -303,9 +303,9 @@ func TestRedriveProgress(t *testing.T) {
 			return keyorder.Permanent(errors.New("no"))
 		})
 	}()
-	for deadline := time.Now().Add(time.Minute); int(sub.Stats().DeadLettered.Load()) < n; {
+	for deadline := time.Now().Add(time.Minute); int(counts(sub).DeadLettered) < n; {
 		if time.Now().After(deadline) {
-			t.Fatalf("dead-lettered %d of %d", sub.Stats().DeadLettered.Load(), n)
+			t.Fatalf("dead-lettered %d of %d", counts(sub).DeadLettered, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -322,4 +322,10 @@ func TestPulsar(t *testing.T) {
 	base := testenv.Require(t, testenv.Pulsar)
 	topic := fmt.Sprintf("%s/public/default/cli-%d", base, time.Now().UnixNano())
 	exercise(t, topic, topic+"?subscription=ops&ordering=ordered")
+}
+
+// counts returns the subscriber's counts.
+func counts(s *subscribe.Subscriber) subscribe.Stats {
+	st, _ := s.Stats(context.Background())
+	return st
 }
