@@ -1,6 +1,6 @@
 // Package publish is the portable publishing API of keyorder.
 //
-// A Publisher wraps a backend's adapters.Topic driver and owns what must be
+// A Publisher wraps a backend's driver (see New) and owns what must be
 // the same on every broker: resolving a message's ordering key, validating
 // the message against the backend's limits before anything is sent, keeping
 // one batch per key in flight so a key's messages reach the broker in the
