@@ -59,10 +59,10 @@ func TestMigrateIdempotent(t *testing.T) {
 func TestOpenMissing(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t, 10*time.Second)
-	if _, err := postgres.OpenTopic(ctx, e.pool, "nope", e.opts(nil)); !errors.Is(err, keyorder.ErrNotFound) {
+	if _, err := postgres.OpenTopicDriver(ctx, e.pool, "nope", e.opts(nil)); !errors.Is(err, keyorder.ErrNotFound) {
 		t.Fatalf("OpenTopic missing: %v", err)
 	}
-	if _, err := postgres.OpenSubscription(ctx, e.pool, "nope", "s", e.opts(nil)); !errors.Is(err, keyorder.ErrNotFound) {
+	if _, err := postgres.OpenSubscriptionDriver(ctx, e.pool, "nope", "s", e.opts(nil)); !errors.Is(err, keyorder.ErrNotFound) {
 		t.Fatalf("OpenSubscription missing: %v", err)
 	}
 	if err := e.admin.CreateSubscription(ctx, "t", "s", &postgres.SubscriptionOptions{Ordering: policy.Ordered}); err != nil {
@@ -457,7 +457,7 @@ func TestRetention(t *testing.T) {
 	if err := e.admin.DeleteSubscription(ctx, "t", "s2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := postgres.OpenSubscription(ctx, e.pool, "t", "s2", &postgres.Options{Schema: e.schema}); !errors.Is(err, keyorder.ErrNotFound) {
+	if _, err := postgres.OpenSubscriptionDriver(ctx, e.pool, "t", "s2", &postgres.Options{Schema: e.schema}); !errors.Is(err, keyorder.ErrNotFound) {
 		t.Fatalf("deleted subscription: %v", err)
 	}
 }
