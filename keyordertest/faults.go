@@ -155,7 +155,7 @@ type Consumer struct {
 // running. A failure to start fails the test.
 func StartConsumer(tb testing.TB, b *memory.Broker, subName string, cfg *subscribe.Config, h subscribe.HandlerFunc) *Consumer {
 	tb.Helper()
-	drv, err := b.OpenSubscription(subName)
+	drv, err := b.SubscriptionDriver(subName)
 	if err != nil {
 		tb.Fatalf("keyordertest: open consumer of %q: %v", subName, err)
 	}

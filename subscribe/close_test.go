@@ -28,7 +28,7 @@ func (c *closeCounter) Close() error {
 
 func openCounted(t *testing.T, w *world) *closeCounter {
 	t.Helper()
-	drv, err := w.b.OpenSubscription("s")
+	drv, err := w.b.SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
