@@ -84,13 +84,6 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) 
 		drv.Close()
 		return nil, err
 	}
-	if s.name == "" {
-		// A driver that does not know its name: the URL, never with its
-		// secrets.
-		if u, err := adapters.ParseURL(urlstr); err == nil {
-			s.name = adapters.Redact(u)
-		}
-	}
 	return s, nil
 }
 
