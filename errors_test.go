@@ -64,7 +64,7 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 
 	b := memory.NewBroker()
 	b.CreateTopic("t", &memory.TopicConfig{MaxKeyBytes: 4})
-	pub, err := publish.New(b.OpenTopic("t"), &publish.Config{Logger: quiet, SendRetries: -1})
+	pub, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet, SendRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	if err := b.CreateSubscription("t", "s", nil); err != nil {
 		t.Fatal(err)
 	}
-	drv, err := b.OpenSubscription("s")
+	drv, err := b.SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func ExampleRetryAfter() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	pub, err := publish.Open(ctx, "mem://example.retryafter", nil)
 	if err != nil {
 		panic(err)
@@ -76,7 +76,7 @@ func ExamplePermanent() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	pub, err := publish.Open(ctx, "mem://example.permanent", nil)
 	if err != nil {
 		panic(err)

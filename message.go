@@ -45,7 +45,11 @@ type Delivery struct {
 	Attempt int
 	// PublishTime is when the broker accepted the message, when known.
 	PublishTime time.Time
-	// Subscription names the subscription the message was delivered on.
+	// Subscription is the name of the subscription the message was
+	// delivered on, as the application gave it (the subscription ID, the
+	// SQS queue name, ...): never a URL, so no secret of a URL reaches a
+	// handler or its logs. It is empty when the driver does not know it
+	// (a driver without adapters.Namer).
 	Subscription string
 }
 

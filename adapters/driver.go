@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/policy"
 )
 
 // Message is a message as a driver sees it.
@@ -73,47 +72,12 @@ type Message struct {
 	PublishTime time.Time
 }
 
-// Limits are a backend's constraints on messages: everything a backend
-// would reject that is knowable before sending. The portable publisher (and
-// every other publishing path, through Validate) checks them before
-// anything is sent, so a message the backend cannot store fails with a
-// *keyorder.LimitError and pauses nothing. Zero values mean "no limit".
-type Limits struct {
-	// Backend names the backend in errors ("pubsub", "sqs", ...).
-	Backend string
-	// MaxKeyBytes is the longest ordering key, in bytes.
-	MaxKeyBytes int
-	// KeyUTF8 requires keys to be valid UTF-8. The portable rule requires
-	// it of every backend (Validate checks it regardless); drivers set it
-	// to say so.
-	KeyUTF8 bool
-	// MaxPayloadBytes is the largest payload, in bytes.
-	MaxPayloadBytes int
-	// PayloadRequired rejects empty payloads.
-	PayloadRequired bool
-	// MaxBatchMessages is the most messages one SendBatch call may carry.
-	MaxBatchMessages int
-	// MaxBatchBytes is the most payload bytes one SendBatch call may carry.
-	MaxBatchBytes int
-	// MaxHeaders is the most headers one message may carry.
-	MaxHeaders int
-	// MaxHeaderNameBytes is the longest header name, in bytes.
-	MaxHeaderNameBytes int
-	// MaxHeaderValueBytes is the longest header value, in bytes.
-	MaxHeaderValueBytes int
-	// MaxHeaderBytes is the most bytes of all header names and values of
-	// one message together.
-	MaxHeaderBytes int
-	// Check, when set, applies the backend's own rules to a message that
-	// passed every other check: the encoded size (SQS counts the base64 of
-	// a binary payload and every attribute toward its message limit),
-	// header names the broker reserves or cannot carry. A non-nil result is
-	// returned as a *keyorder.LimitError (Check may return one itself, to
-	// name the limit and its figures). It must be the very check the
-	// driver's SendBatch applies, so that SendBatch never rejects for a
-	// knowable reason a message Validate accepted.
-	Check func(m *Message) error
-}
+// Limits are a backend's constraints on messages (see keyorder.Limits). The
+// portable publisher (and every other publishing path, through Validate)
+// checks them before anything is sent. Limits.Check sees the message as
+// SendBatch will: a driver converts its *Message with CheckMessage to apply
+// the same check on send.
+type Limits = keyorder.Limits
 
 // Topic is the publishing side of a driver.
 type Topic interface {
@@ -137,31 +101,13 @@ type Topic interface {
 	Close() error
 }
 
-// Capabilities describe how a subscription's broker delivers.
-type Capabilities struct {
-	// Ordering is the subscription's policy, fixed when it was created.
-	Ordering policy.Ordering
-	// NativeHold is set when the broker holds an ordering group itself:
-	// under Exclusive and Ordered it never leases a second message of a group
-	// while one is leased (except the later members of a chain returned by
-	// the same Receive), Nack(m, d) makes m deliverable again not before d,
-	// and under Ordered nothing behind m in its group is delivered until m is
-	// acknowledged or dead-lettered. When it is not set, the broker may
-	// deliver a group's later messages while earlier ones are unsettled (in
-	// key order), and the portable layer holds the group in process.
-	NativeHold bool
-	// LeaseDuration is how long a received message stays leased without
-	// ExtendLeases. Zero means the driver keeps leases alive by itself.
-	LeaseDuration time.Duration
-	// MaxBatch is the most messages one Receive returns. Zero means 1.
-	MaxBatch int
-	// Retry is the retry policy stored with the subscription, for backends
-	// that keep one (PostgreSQL); nil when the broker stores none. A zero
-	// field means the subscription does not say. The portable layer runs the
-	// subscription's settings and fills only what it leaves unsaid from the
-	// consumer's configuration (see subscribe.Config.Retry).
-	Retry *policy.Retry
-}
+// Capabilities describe how a subscription's broker delivers (see
+// keyorder.Capabilities). For drivers: NativeHold promises that Nack(m, d)
+// makes m deliverable again not before d, and that a second message of a
+// group is never leased while one is, except the later members of a chain
+// returned by the same Receive; LeaseDuration > 0 makes the portable layer
+// call ExtendLeases.
+type Capabilities = keyorder.Capabilities
 
 // Subscription is the consuming side of a driver.
 //
@@ -205,7 +151,8 @@ type Subscription interface {
 	Close() error
 }
 
-// DeadLetter is a dead-lettered message as kept by a backend.
+// DeadLetter is a dead-lettered message as a driver returns it; subscribe
+// hands it to applications as a keyorder.DeadLetter.
 type DeadLetter struct {
 	Message  Message
 	Reason   string
@@ -223,6 +170,40 @@ type DeadLetterStore interface {
 	// subscription, after everything that arrived meanwhile, with a fresh
 	// attempt count. It returns how many were redriven.
 	Redrive(ctx context.Context, ids []string) (int, error)
+}
+
+// Portable returns m as an application sees it: a keyorder.Message whose
+// headers carry the key in keyorder.HeaderPartitionKey (a copy; m is not
+// changed).
+func (m *Message) Portable() keyorder.Message {
+	var headers map[string]string
+	if len(m.Headers) > 0 || m.Key != "" {
+		headers = make(map[string]string, len(m.Headers)+1)
+		for k, v := range m.Headers {
+			headers[k] = v
+		}
+		if m.Key != "" {
+			headers[keyorder.HeaderPartitionKey] = m.Key
+		}
+	}
+	return keyorder.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
+}
+
+// StatsReporter is implemented by subscriptions whose backend can count
+// what it keeps for the subscription. subscribe.Subscriber.Stats returns the
+// counts as Stats.Backend.
+type StatsReporter interface {
+	// BackendStats returns the subscription's counts; a count the backend
+	// cannot report is keyorder.Unknown.
+	BackendStats(ctx context.Context) (keyorder.BackendStats, error)
+}
+
+// HeldKeyLister is implemented by subscriptions whose backend can list the
+// ordering keys it holds (subscribe.Subscriber.HeldKeys).
+type HeldKeyLister interface {
+	// HeldKeys lists up to limit keys that are in flight or waiting,
+	// soonest deliverable first; limit <= 0 lists them all.
+	HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error)
 }
 
 // Namer is implemented by Subscription drivers that know the name of their

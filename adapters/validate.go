@@ -122,11 +122,9 @@ func Validate(lim Limits, m *Message) error {
 		return &keyorder.LimitError{Limit: "header bytes", Max: lim.MaxHeaderBytes, Got: total, Backend: b}
 	}
 	if lim.Check != nil {
-		c := m
-		if m.ID == "" {
-			cm := *m
-			cm.ID = "00000000-0000-7000-8000-000000000000"
-			c = &cm
+		c := CheckMessage(m)
+		if c.ID == "" {
+			c.ID = "00000000-0000-7000-8000-000000000000"
 		}
 		if err := lim.Check(c); err != nil {
 			if le, ok := err.(*keyorder.LimitError); ok {
@@ -136,4 +134,11 @@ func Validate(lim Limits, m *Message) error {
 		}
 	}
 	return nil
+}
+
+// CheckMessage returns m as Limits.Check sees it: the fields that are sent,
+// with the headers as they are (no partition-key header added). Drivers
+// use it to apply their Check on send.
+func CheckMessage(m *Message) *keyorder.Message {
+	return &keyorder.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
 }

@@ -10,7 +10,7 @@ import (
 
 func TestValidatePortableRule(t *testing.T) {
 	lim := Limits{Backend: "x", MaxHeaders: 2, MaxHeaderNameBytes: 4, MaxHeaderValueBytes: 5, MaxHeaderBytes: 12,
-		Check: func(m *Message) error {
+		Check: func(m *keyorder.Message) error {
 			if m.Headers["boom"] != "" {
 				return errors.New("boom header")
 			}

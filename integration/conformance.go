@@ -491,7 +491,7 @@ func panicHoldsKey(f *fixture) {
 	if got, want := f.rec.starts("A"), []string{"a1", "a1", "a2"}; !slices.Equal(got, want) {
 		f.t.Fatalf("group A handled %v, want %v (the panic is a failed attempt and holds the key)", got, want)
 	}
-	if n := r.sub.Stats().Panics.Load(); n != 1 {
+	if n := counts(r.sub).Panics; n != 1 {
 		f.t.Fatalf("panics counted = %d, want 1", n)
 	}
 }
@@ -728,14 +728,14 @@ func property(f *fixture, ordering policy.Ordering) {
 		}
 	}
 	f.waitFor(400, "every message acked or dead-lettered", func() bool {
-		return int(r.sub.Stats().Acked.Load()+r.sub.Stats().DeadLettered.Load()) >= nMsgs
+		return int(counts(r.sub).Acked+counts(r.sub).DeadLettered) >= nMsgs
 	})
 	r.stop(f.t)
 	kit.SetMaxAttempts(r.sub.Retry().MaxAttempts)
 	if rep := keyordertest.Check(f.t, kit, keyordertest.Spec{Ordering: ordering}); len(rep.Duplicates) > 0 {
 		f.t.Logf("keyordertest: %d messages handled again after they were resolved (at least once)", len(rep.Duplicates))
 	}
-	if got := int(r.sub.Stats().DeadLettered.Load()); got != dead {
+	if got := int(counts(r.sub).DeadLettered); got != dead {
 		f.t.Errorf("dead-lettered %d, want %d", got, dead)
 	}
 	okCount := map[string]int{}
@@ -861,7 +861,7 @@ func shutdownWhileHeld(f *fixture) {
 	if got := f.rec.starts("B"); !slices.Equal(got, []string{"b1", "b2"}) {
 		f.t.Fatalf("group B handled %v, want b1 b2 once each", got)
 	}
-	if n := first.sub.Stats().DeadLettered.Load() + second.sub.Stats().DeadLettered.Load(); n != 0 {
+	if n := counts(first.sub).DeadLettered + counts(second.sub).DeadLettered; n != 0 {
 		f.t.Fatalf("%d messages dead-lettered", n)
 	}
 }

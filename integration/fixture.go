@@ -132,13 +132,12 @@ func (r *running) stop(t *testing.T) {
 	r.stopped = true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.sub.Shutdown(ctx); err != nil {
-		t.Errorf("Shutdown: %v", err)
+	if err := r.sub.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 	if err := <-r.done; err != nil {
 		t.Errorf("Run: %v", err)
 	}
-	r.sub.Close()
 }
 
 // waitFor polls cond until it holds or the deadline (in units) passes.
@@ -371,3 +370,13 @@ type keepOpen struct{ adapters.Topic }
 
 // Close leaves the driver open.
 func (keepOpen) Close() error { return nil }
+
+// counts returns the subscriber's counts (the process's own; an error from
+// the backend's part is ignored: the conformance cases read only the
+// process's counts).
+func counts(s *subscribe.Subscriber) subscribe.Stats {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, _ := s.Stats(ctx)
+	return st
+}

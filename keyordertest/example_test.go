@@ -10,7 +10,6 @@ import (
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/policy"
-	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -22,13 +21,12 @@ func Example() {
 	ctx := context.Background()
 	b := memory.NewBroker()
 	b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionConfig{Ordering: policy.Ordered})
-	pub, _ := publish.New(b.OpenTopic("ledger"), nil)
+	pub, _ := b.OpenTopic("ledger", nil)
 	defer pub.Close(ctx)
 
 	// Record every handling; fail adjustment 101's first attempt.
 	rec := keyordertest.NewRecorder(nil)
-	drv, _ := b.OpenSubscription("apply-balance")
-	sub, _ := subscribe.New(drv, &subscribe.Config{
+	sub, _ := b.OpenSubscription("apply-balance", &subscribe.Config{
 		Workers: 4,
 		Retry:   policy.Retry{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
 		Middleware: []subscribe.Middleware{

@@ -155,7 +155,7 @@ type Consumer struct {
 // running. A failure to start fails the test.
 func StartConsumer(tb testing.TB, b *memory.Broker, subName string, cfg *subscribe.Config, h subscribe.HandlerFunc) *Consumer {
 	tb.Helper()
-	drv, err := b.OpenSubscription(subName)
+	drv, err := b.SubscriptionDriver(subName)
 	if err != nil {
 		tb.Fatalf("keyordertest: open consumer of %q: %v", subName, err)
 	}
@@ -176,13 +176,12 @@ func (c *Consumer) Stop() {
 	c.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := c.Subscriber.Shutdown(ctx); err != nil {
-			c.tb.Errorf("keyordertest: Shutdown: %v", err)
+		if err := c.Subscriber.Close(ctx); err != nil {
+			c.tb.Errorf("keyordertest: Close: %v", err)
 		}
 		if err := <-c.done; err != nil {
 			c.tb.Errorf("keyordertest: Run: %v", err)
 		}
-		c.Subscriber.Close()
 	})
 }
 
@@ -199,7 +198,7 @@ func (c *Consumer) Crash() {
 		if err := <-c.done; err != nil && !errors.Is(err, memory.ErrCrashed) {
 			c.tb.Errorf("keyordertest: Run after Crash: %v", err)
 		}
-		c.Subscriber.Close()
+		c.Subscriber.Close(context.Background())
 	})
 }
 

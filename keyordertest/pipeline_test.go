@@ -51,7 +51,7 @@ func newPipeline(t *testing.T, ordering policy.Ordering) *pipeline {
 	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: ordering, LeaseDuration: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := publish.New(b.OpenTopic("t"), &publish.Config{Logger: quiet})
+	pub, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestCatchesReorderingSubscriber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPipeline(t, policy.Parallel)
 		p.publish(t, "a1:A", "b1:B", "a2:A", "a3:A")
-		drv, err := p.b.OpenSubscription("s")
+		drv, err := p.b.SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}

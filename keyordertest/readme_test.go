@@ -14,7 +14,6 @@ import (
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/policy"
-	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -24,7 +23,7 @@ func TestLedgerKeepsOrder(t *testing.T) {
 		b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionConfig{
 			Ordering: policy.Ordered, LeaseDuration: 30 * time.Second,
 		})
-		pub, _ := publish.New(b.OpenTopic("ledger"), nil)
+		pub, _ := b.OpenTopic("ledger", nil)
 		defer pub.Close(context.Background())
 
 		rec := keyordertest.NewRecorder(nil)

@@ -75,12 +75,12 @@ func stepSetup(t *testing.T, cfg *publish.Config) (*publish.Publisher, *stepTopi
 	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	st := &stepTopic{Topic: b.OpenTopic("t"), steps: make(chan step, 100)}
+	st := &stepTopic{Topic: b.TopicDriver("t"), steps: make(chan step, 100)}
 	p, err := publish.New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.OpenSubscription("s")
+	s, err := b.SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func msg(id, key, payload string) *keyorder.Message {
 func TestPublishAsyncKeepsOrderAndBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		ot := &orderTopic{Topic: b.OpenTopic("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+		ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 		p, err := publish.New(ot, &publish.Config{MaxBatch: 16})
 		if err != nil {
 			t.Fatal(err)
@@ -499,7 +499,7 @@ func TestOutstandingDefaults(t *testing.T) {
 // result settles and order holds per key and goroutine.
 func TestPublishAsyncConcurrentUnderLimits(t *testing.T) {
 	b := memory.NewBroker()
-	ot := &orderTopic{Topic: b.OpenTopic("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+	ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 	p, err := publish.New(ot, &publish.Config{MaxOutstandingMessages: 7, MaxBatch: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	for _, rtt := range []time.Duration{0, time.Millisecond} {
 		open := func(b *testing.B) *publish.Publisher {
-			var drv adapters.Topic = memory.NewBroker().OpenTopic("t")
+			var drv adapters.Topic = memory.NewBroker().TopicDriver("t")
 			if rtt > 0 {
 				drv = latencyTopic{drv, rtt}
 			}

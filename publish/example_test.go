@@ -28,7 +28,7 @@ func ExamplePublisher_Publish() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "mem://example.publish", &publish.Config{Key: "acct-42"})
 	if err != nil {

@@ -36,7 +36,7 @@ func (s strictTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 
 func (s strictTopic) Limits() adapters.Limits {
 	l := s.Topic.Limits()
-	l.Check = func(m *adapters.Message) error {
+	l.Check = func(m *keyorder.Message) error {
 		if _, ok := m.Headers["huge"]; ok {
 			return errors.New("header huge: over the broker's encoded size")
 		}
@@ -53,12 +53,12 @@ func TestKnowableRejectionPausesNothing(t *testing.T) {
 	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 100}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(strictTopic{b.OpenTopic("t")}, &publish.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SendRetries: -1})
+	p, err := publish.New(strictTopic{b.TopicDriver("t")}, &publish.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SendRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close(context.Background())
-	s, err := b.OpenSubscription("s")
+	s, err := b.SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}

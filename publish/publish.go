@@ -1,6 +1,6 @@
 // Package publish is the portable publishing API of keyorder.
 //
-// A Publisher wraps a backend's adapters.Topic driver and owns what must be
+// A Publisher wraps a backend's driver (see New) and owns what must be
 // the same on every broker: resolving a message's ordering key, validating
 // the message against the backend's limits before anything is sent, keeping
 // one batch per key in flight so a key's messages reach the broker in the
@@ -239,7 +239,7 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 }
 
 // Limits returns the backend's message limits.
-func (p *Publisher) Limits() adapters.Limits { return p.limits }
+func (p *Publisher) Limits() keyorder.Limits { return p.limits }
 
 // Publish sends one message and waits until the broker has it; it returns
 // the message's ID (m.ID, or the UUIDv7 assigned to the copy it sends when

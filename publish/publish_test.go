@@ -26,12 +26,12 @@ func setup(t *testing.T, cfg *publish.Config) (*memory.Broker, *publish.Publishe
 	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(b.OpenTopic("t"), cfg)
+	p, err := publish.New(b.TopicDriver("t"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(context.Background()) })
-	s, err := b.OpenSubscription("s")
+	s, err := b.SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestOneBatchPerKeyInFlight(t *testing.T) {
 
 func testOneBatchPerKeyInFlight(t *testing.T) {
 	b := memory.NewBroker()
-	ot := &orderTopic{Topic: b.OpenTopic("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+	ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 	p, err := publish.New(ot, &publish.Config{MaxBatch: 16})
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +259,7 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 
 func TestConfigAndOpenErrors(t *testing.T) {
 	b := memory.NewBroker()
-	if _, err := publish.New(b.OpenTopic("t"), &publish.Config{MaxBatch: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
+	if _, err := publish.New(b.TopicDriver("t"), &publish.Config{MaxBatch: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("MaxBatch -1 = %v", err)
 	}
 	ctx := context.Background()

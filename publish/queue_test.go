@@ -45,7 +45,7 @@ func payloads(ms []*adapters.Message) []string {
 func TestCancelledWhileQueuedKeepsItsPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 		p, err := publish.New(g, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -151,7 +151,7 @@ func TestCloseDeadlineFailsQueued(t *testing.T) {
 func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Subscription, chan error) {
 	t.Helper()
 	b, _, s := setup(t, nil)
-	g := &gatedTopic{Topic: b.OpenTopic("t"), entered: make(chan string, 10), release: make(chan struct{})}
+	g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 	p, err := publish.New(g, &publish.Config{MaxBatch: 1})
 	if err != nil {
 		t.Fatal(err)

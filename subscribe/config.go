@@ -38,7 +38,7 @@ type Config struct {
 	Assign lanes.Assignment
 	// Retry is the attempt budget and backoff. The retry policy is a
 	// property of the subscription, like its ordering: where the backend
-	// stores one with the subscription (adapters.Capabilities.Retry;
+	// stores one with the subscription (keyorder.Capabilities.Retry;
 	// PostgreSQL's max_attempts, min_backoff, max_backoff), the stored
 	// settings run, and Retry fills only the fields the subscription leaves
 	// zero. A Retry field that disagrees with the subscription is overridden

@@ -1,6 +1,6 @@
 // Package subscribe is the portable consuming API of keyorder.
 //
-// A Subscriber wraps a backend's adapters.Subscription driver and runs a
+// A Subscriber wraps a backend's driver (see New) and runs a
 // handler on keyed worker lanes (package lanes), so one key keeps its order
 // inside the process as it does on the broker. It owns everything that must
 // behave the same on every broker: what a handler's result means, retries
@@ -38,7 +38,7 @@
 // again without running the handler.
 //
 // Attempts are counted per message from the broker's delivery count
-// (adapters.Message.Attempt) plus, where the process holds groups, the
+// (as the driver reports it) plus, where the process holds groups, the
 // retries run in process. A broker without native hold never hears of
 // those retries, so a process that dies takes them with it: the
 // redelivery's count restarts from the broker's, and across a crash a
@@ -51,7 +51,7 @@
 //
 // Settling a message (Ack, Nack, Release, DeadLetter) and renewing leases
 // (ExtendLeases) are retried with backoff while the driver reports the error
-// retryable (adapters.Subscription.IsRetryable), a bounded number of times
+// retryable (the driver classifies its errors), a bounded number of times
 // within a bounded time; drivers never retry on their own. A Nack, Release
 // or DeadLetter is retried on the message's lane, so under Ordered the key
 // moves on only after the broker has the settlement; acknowledgements are

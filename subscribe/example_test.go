@@ -31,7 +31,7 @@ func ExampleSubscriber_Run() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	pub, err := publish.Open(ctx, "mem://example.run", nil)
 	if err != nil {
 		panic(err)
@@ -94,7 +94,7 @@ func ExampleSubscriber_Redrive() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	pub, err := publish.Open(ctx, "mem://example.redrive", nil)
 	if err != nil {
 		panic(err)

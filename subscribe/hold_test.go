@@ -147,7 +147,7 @@ func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 2, LeaseDuration: 9 * time.Second})
 		w.publish(t, "a1", "A")
 		w.publish(t, "a2", "A")
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		drv := &leaseSkipper{Subscription: raw}
 		var log startLog
 		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -176,7 +176,7 @@ func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var calls atomic.Int32
 		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -192,8 +192,8 @@ func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if calls.Load() != 1 || s.Stats().Suppressed.Load() < 1 {
-			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and at least 1", calls.Load(), s.Stats().Suppressed.Load())
+		if calls.Load() != 1 || counts(s).Suppressed < 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and at least 1", calls.Load(), counts(s).Suppressed)
 		}
 	})
 }
@@ -214,7 +214,7 @@ func (s slowExtend) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([
 func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		s, stop := w.start(t, slowExtend{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(1500 * time.Millisecond) // finishes while the first renewal is under way
 			return nil
@@ -225,8 +225,8 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		stop()
-		if n := s.Stats().LeasesLost.Load(); n != 0 || s.Stats().Acked.Load() != 1 {
-			t.Fatalf("leases lost = %d, acked = %d; want 0 and 1", n, s.Stats().Acked.Load())
+		if n := counts(s).LeasesLost; n != 0 || counts(s).Acked != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want 0 and 1", n, counts(s).Acked)
 		}
 	})
 }
@@ -238,7 +238,7 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var log startLog
 		var attempts []int
@@ -268,8 +268,8 @@ func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 		if got, want := log.get(), []string{"a1", "a1", "a2", "a3"}; !slices.Equal(got, want) {
 			t.Fatalf("handled %v, want %v", got, want)
 		}
-		if attempts[1] < 2 || s.Stats().LeasesLost.Load() != 3 {
-			t.Fatalf("a1 attempts %v, leases lost %d; want the retry counted and 3 lost", attempts, s.Stats().LeasesLost.Load())
+		if attempts[1] < 2 || counts(s).LeasesLost != 3 {
+			t.Fatalf("a1 attempts %v, leases lost %d; want the retry counted and 3 lost", attempts, counts(s).LeasesLost)
 		}
 	})
 }
@@ -321,7 +321,7 @@ func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*adapters.Messa
 func TestReceiveErrorWithMessagesLeaksNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		var log startLog
 		_, stop := w.start(t, &errWithMessages{Subscription: raw}, &subscribe.Config{MaxOutstanding: 1}, func(ctx context.Context, d *keyorder.Delivery) error {
 			log.add(d.ID)
@@ -374,7 +374,7 @@ func (v *visibilityDriver) Nack(ctx context.Context, m *adapters.Message, d time
 func TestNoLeaseRenewalAfterNack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		drv := &visibilityDriver{Subscription: raw, nacked: map[string]bool{}}
 		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			if d.Attempt == 1 {
@@ -412,7 +412,7 @@ func (s slowAckReturn) Ack(ctx context.Context, ms []*adapters.Message) error {
 func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		s, stop := w.start(t, slowAckReturn{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(500 * time.Millisecond)
 			return nil
@@ -423,7 +423,7 @@ func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		stop()
-		if n := s.Stats().LeasesLost.Load(); n != 0 {
+		if n := counts(s).LeasesLost; n != 0 {
 			t.Fatalf("leases lost = %d, want 0", n)
 		}
 	})

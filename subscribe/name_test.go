@@ -21,7 +21,7 @@ func TestDeliverySubscriptionIsTheName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	pub, err := publish.Open(ctx, "mem://name-test", &publish.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

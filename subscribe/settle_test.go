@@ -141,7 +141,7 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	time.Sleep(10 * time.Minute)
 	synctest.Wait()
 	stop()
-	st := s.Stats()
+	st := counts(s)
 
 	// Expected handler runs per key: each message once, twice if it fails
 	// once on purpose, and permanent ones once.
@@ -187,13 +187,13 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	if !slices.Equal(gotDead, wantDead) {
 		t.Errorf("dead letters %v, want %v", gotDead, wantDead)
 	}
-	if n := st.LeasesLost.Load(); n != 0 {
+	if n := st.LeasesLost; n != 0 {
 		t.Errorf("%d leases lost, want 0", n)
 	}
-	if n := st.Suppressed.Load(); n != 0 {
+	if n := st.Suppressed; n != 0 {
 		t.Errorf("%d redeliveries of acknowledged messages, want 0 (every acknowledgement landed)", n)
 	}
-	if n := st.SettleFailures.Load(); n != 0 {
+	if n := st.SettleFailures; n != 0 {
 		t.Errorf("%d settlements given up, want 0", n)
 	}
 	ops := []memory.SettleOp{memory.OpAck, memory.OpDeadLetter, memory.OpExtendLeases}
@@ -213,7 +213,7 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	t.Logf("messages %d, planned handler failures %d, permanent %d; handler runs %d (want %d); "+
 		"injected failures %d (failed/calls:%s); settlement retries %d; given up %d; leases lost %d; suppressed %d",
 		keys*perKey, planned, len(wantDead), handled, wantRuns, net.total(), net,
-		st.SettleRetries.Load(), st.SettleFailures.Load(), st.LeasesLost.Load(), st.Suppressed.Load())
+		st.SettleRetries, st.SettleFailures, st.LeasesLost, st.Suppressed)
 }
 
 // A settlement call is retried while the driver calls its error
@@ -280,12 +280,12 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 		if err != nil || len(dl) != 1 || dl[0].Message.ID != "c1" || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "account closed") {
 			t.Errorf("dead letters %+v, %v; want c1 with its reason after 1 attempt", dl, err)
 		}
-		st := s.Stats()
-		if st.Suppressed.Load() != 1 || st.SettleFailures.Load() != 3 || st.SettleRetries.Load() != 3 {
+		st := counts(s)
+		if st.Suppressed != 1 || st.SettleFailures != 3 || st.SettleRetries != 3 {
 			t.Errorf("suppressed %d, settlements given up %d, retries %d; want 1, 3, 3",
-				st.Suppressed.Load(), st.SettleFailures.Load(), st.SettleRetries.Load())
+				st.Suppressed, st.SettleFailures, st.SettleRetries)
 		}
 		t.Logf("injected failures %d (failed/calls:%s); handler runs %v; retries %d; given up %d; suppressed %d",
-			net.total(), net, log.get(), st.SettleRetries.Load(), st.SettleFailures.Load(), st.Suppressed.Load())
+			net.total(), net, log.get(), st.SettleRetries, st.SettleFailures, st.Suppressed)
 	})
 }

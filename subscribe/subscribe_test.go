@@ -34,7 +34,7 @@ func newWorld(t *testing.T, cfg *memory.SubscriptionConfig) *world {
 	if err := b.CreateSubscription("t", "s", cfg); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(b.OpenTopic("t"), &publish.Config{Logger: quiet})
+	p, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func (w *world) start(t *testing.T, drv adapters.Subscription, cfg *subscribe.Co
 	t.Helper()
 	if drv == nil {
 		var err error
-		if drv, err = w.b.OpenSubscription("s"); err != nil {
+		if drv, err = w.b.SubscriptionDriver("s"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +69,9 @@ func (w *world) start(t *testing.T, drv adapters.Subscription, cfg *subscribe.Co
 	go func() { done <- s.Run(context.Background(), h) }()
 	return s, func() {
 		t.Helper()
-		s.Shutdown(context.Background())
+		if err := s.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
@@ -89,8 +91,8 @@ func TestRedeliveryOfAckedIDIsSuppressed(t *testing.T) {
 		w.publish(t, "same-id", "k") // the broker delivers it again
 		synctest.Wait()
 		stop()
-		if calls.Load() != 1 || s.Stats().Suppressed.Load() != 1 {
-			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and 1", calls.Load(), s.Stats().Suppressed.Load())
+		if calls.Load() != 1 || counts(s).Suppressed != 1 {
+			t.Fatalf("handler calls = %d, suppressed = %d; want 1 and 1", calls.Load(), counts(s).Suppressed)
 		}
 	})
 }
@@ -122,7 +124,7 @@ func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*adapters.Messag
 func TestLostLeaseCancelsHandler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var cause atomic.Value
 		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -141,8 +143,8 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 		if cause.Load() == nil {
 			t.Fatal("the handler's context was not cancelled when its lease was lost")
 		}
-		if s.Stats().LeasesLost.Load() < 1 || s.Stats().Acked.Load() != 1 {
-			t.Fatalf("leases lost = %d, acked = %d; want at least 1, and 1 (redelivered and handled)", s.Stats().LeasesLost.Load(), s.Stats().Acked.Load())
+		if counts(s).LeasesLost < 1 || counts(s).Acked != 1 {
+			t.Fatalf("leases lost = %d, acked = %d; want at least 1, and 1 (redelivered and handled)", counts(s).LeasesLost, counts(s).Acked)
 		}
 	})
 }
@@ -183,7 +185,7 @@ func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: time.Second})
 		w.publish(t, "m1", "k")
-		crashing, _ := w.b.OpenSubscription("s")
+		crashing, _ := w.b.SubscriptionDriver("s")
 		for range 2 { // two consumers crash holding m1
 			if _, err := crashing.Receive(context.Background(), 1); err != nil {
 				t.Fatal(err)
@@ -239,7 +241,7 @@ func TestMiddlewareOrderAndHeaders(t *testing.T) {
 
 func TestRunMisuse(t *testing.T) {
 	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
-	drv, _ := w.b.OpenSubscription("s")
+	drv, _ := w.b.SubscriptionDriver("s")
 	if _, err := subscribe.New(drv, &subscribe.Config{Workers: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("Workers -1 = %v", err)
 	}
@@ -282,7 +284,7 @@ func (g greedy) Receive(ctx context.Context, max int) ([]*adapters.Message, erro
 func TestDriverReturningTooManyDoesNotStall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
-		raw, _ := w.b.OpenSubscription("s")
+		raw, _ := w.b.SubscriptionDriver("s")
 		var calls atomic.Int32
 		_, stop := w.start(t, greedy{raw}, &subscribe.Config{Workers: 2, MaxOutstanding: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
 			calls.Add(1)

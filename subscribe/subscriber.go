@@ -1,10 +1,11 @@
 package subscribe
 
 // This file: the Subscriber, how it is opened, and its lifecycle (Run,
-// drain, Shutdown, Close).
+// drain, Close).
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -20,13 +21,15 @@ import (
 type Subscriber struct {
 	drv  adapters.Subscription
 	cfg  *Config
-	caps adapters.Capabilities
+	caps keyorder.Capabilities
 	name string
 
 	running  atomic.Bool
-	closing  atomic.Bool
+	closing  atomic.Bool // Run is shutting down
+	closed   atomic.Bool // Close was called
 	shutdown chan struct{}
 	stopOnce sync.Once
+	kill     chan struct{} // closed when Close's deadline ends first
 	done     chan struct{}
 
 	tokens chan struct{}
@@ -50,27 +53,22 @@ type Subscriber struct {
 	// call was given up, so a redelivery is dead-lettered again without
 	// running the handler.
 	undead *noteSet[deadNote]
-	stats  Stats
+	stats  counters
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
 }
 
-// Stats counts what a Subscriber did.
-type Stats struct {
-	Handled      atomic.Int64 // handler calls
-	Acked        atomic.Int64
-	Retried      atomic.Int64
-	DeadLettered atomic.Int64
-	Suppressed   atomic.Int64 // redeliveries of acknowledged IDs
-	LeasesLost   atomic.Int64
-	Panics       atomic.Int64
-	// SettleRetries counts settlement calls (Ack, Nack, Release,
-	// DeadLetter, ExtendLeases) repeated after a retryable failure.
-	SettleRetries atomic.Int64
-	// SettleFailures counts settlements given up (a permanent error, or
-	// retries exhausted): the broker redelivers those messages when their
-	// leases expire.
+// counters count what a Subscriber did; Stats reads them.
+type counters struct {
+	Handled        atomic.Int64
+	Acked          atomic.Int64
+	Retried        atomic.Int64
+	DeadLettered   atomic.Int64
+	Suppressed     atomic.Int64
+	LeasesLost     atomic.Int64
+	Panics         atomic.Int64
+	SettleRetries  atomic.Int64
 	SettleFailures atomic.Int64
 }
 
@@ -85,13 +83,6 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) 
 	if err != nil {
 		drv.Close()
 		return nil, err
-	}
-	if s.name == "" {
-		// A driver that does not know its name: the URL, never with its
-		// secrets.
-		if u, err := adapters.ParseURL(urlstr); err == nil {
-			s.name = adapters.Redact(u)
-		}
 	}
 	return s, nil
 }
@@ -116,6 +107,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	s := &Subscriber{
 		drv: drv, cfg: c, caps: caps,
 		shutdown:    make(chan struct{}),
+		kill:        make(chan struct{}),
 		done:        make(chan struct{}),
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
@@ -134,13 +126,10 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	return s, nil
 }
 
-// Stats returns the subscriber's counters.
-func (s *Subscriber) Stats() *Stats { return &s.stats }
-
 // Capabilities returns the driver's capabilities.
-func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
+func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }
 
-// Run receives and handles messages until ctx ends or Shutdown is called,
+// Run receives and handles messages until ctx ends or Close is called,
 // then shuts down gracefully: it stops receiving, lets running handlers
 // finish for up to Config.ShutdownTimeout (then cancels their contexts),
 // returns messages never started to the broker, and returns nil. On a
@@ -149,12 +138,17 @@ func (s *Subscriber) Capabilities() adapters.Capabilities { return s.caps }
 // received: nothing of those waits in process for a retry, and a message
 // handed back unstarted costs a receive that a broker counting every
 // receive (SQS) would report to the next consumer as an attempt. It returns
-// an error if the subscription fails permanently. Run may be called once.
+// an error if the subscription fails permanently. Run may be called once,
+// and not after Close (it then returns keyorder.ErrClosed). After Run
+// returns, call Close to release the subscription.
 func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler", keyorder.ErrInvalidConfig)
 	}
 	if !s.running.CompareAndSwap(false, true) {
+		if s.closed.Load() {
+			return fmt.Errorf("subscribe: Run after Close: %w", keyorder.ErrClosed)
+		}
 		return fmt.Errorf("%w: Run called twice", keyorder.ErrInvalidConfig)
 	}
 	defer close(s.done)
@@ -190,6 +184,14 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	runErr := s.pump(rctx, pool)
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	go func() {
+		// Close's deadline ended before the graceful shutdown did.
+		select {
+		case <-s.kill:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	if s.caps.NativeHold && runErr == nil {
 		s.drain(sctx)
 	}
@@ -238,21 +240,33 @@ func (s *Subscriber) drain(ctx context.Context) {
 	}
 }
 
-// Shutdown makes Run stop receiving and return after its graceful shutdown.
-// It waits until Run has returned (immediately if Run was never called) or
-// ctx ends.
-func (s *Subscriber) Shutdown(ctx context.Context) error {
+// Close stops the subscriber and releases the subscription, as
+// publish.Publisher.Close does for a publisher: it makes Run stop receiving
+// and shut down gracefully (see Run), waits until Run has returned, and
+// closes the driver. When ctx ends first, Close cuts the graceful shutdown
+// short (running handlers' contexts are cancelled, messages not yet settled
+// are left to the broker), waits for Run to return, closes the driver and
+// returns ctx's error. If Run was never called, Close only closes the
+// driver, and a later Run returns keyorder.ErrClosed. Calling Close again
+// returns keyorder.ErrClosed.
+func (s *Subscriber) Close(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return keyorder.ErrClosed
+	}
 	s.stopOnce.Do(func() { close(s.shutdown) })
-	if !s.running.Load() {
-		return nil
+	var err error
+	if !s.running.CompareAndSwap(false, true) {
+		// Run was called: wait for its shutdown.
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			err = ctx.Err()
+			close(s.kill)
+			<-s.done
+		}
 	}
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if cerr := s.drv.Close(); cerr != nil {
+		err = errors.Join(err, adapters.WrapError("close", cerr, s.drv.ErrorCode))
 	}
+	return err
 }
-
-// Close closes the driver. Call it after Run has returned.
-func (s *Subscriber) Close() error { return s.drv.Close() }

@@ -28,8 +28,8 @@ func BenchmarkPublishHandleOrdered(b *testing.B) {
 			if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: chain, MaxBatch: 100}); err != nil {
 				b.Fatal(err)
 			}
-			pub, _ := publish.New(br.OpenTopic("t"), &publish.Config{Logger: quiet})
-			drv, _ := br.OpenSubscription("s")
+			pub, _ := publish.New(br.TopicDriver("t"), &publish.Config{Logger: quiet})
+			drv, _ := br.SubscriptionDriver("s")
 			sub, _ := subscribe.New(drv, &subscribe.Config{Workers: 8, MaxOutstanding: 512, Logger: quiet})
 			var handled atomic.Int64
 			done := make(chan struct{})
@@ -57,7 +57,7 @@ func BenchmarkPublishHandleOrdered(b *testing.B) {
 			<-done
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 			b.StopTimer()
-			sub.Shutdown(ctx)
+			sub.Close(ctx)
 			pub.Close(ctx)
 		})
 	}

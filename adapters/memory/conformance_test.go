@@ -34,9 +34,9 @@ func (h harness) MakePair(ctx context.Context, t *testing.T, spec integration.Sp
 		return nil, err
 	}
 	return &integration.Pair{
-		Topic: b.OpenTopic("topic"),
+		Topic: b.TopicDriver("topic"),
 		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
-			return b.OpenSubscription("sub")
+			return b.SubscriptionDriver("sub")
 		},
 	}, nil
 }

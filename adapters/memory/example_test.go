@@ -32,7 +32,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		defer sub.Close()
+		defer sub.Close(context.Background())
 		subs = append(subs, sub)
 	}
 
@@ -86,16 +86,12 @@ func ExampleBroker() {
 		&memory.SubscriptionConfig{Ordering: policy.Ordered}); err != nil {
 		panic(err)
 	}
-	drv, err := b.OpenSubscription("apply-balance")
+	sub, err := b.OpenSubscription("apply-balance", nil)
 	if err != nil {
 		panic(err)
 	}
-	sub, err := subscribe.New(drv, nil)
-	if err != nil {
-		panic(err)
-	}
-	defer sub.Close()
-	pub, err := publish.New(b.OpenTopic("ledger"), nil)
+	defer sub.Close(context.Background())
+	pub, err := b.OpenTopic("ledger", nil)
 	if err != nil {
 		panic(err)
 	}

@@ -266,16 +266,16 @@ func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*adap
 	return nil
 }
 
-// OpenTopic returns a publishing driver for topic, creating it if needed.
-func (b *Broker) OpenTopic(name string) *Topic {
+// TopicDriver returns a publishing driver for topic, creating it if needed.
+func (b *Broker) TopicDriver(name string) *Topic {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return &Topic{b: b, t: b.topicLocked(name, nil)}
 }
 
-// OpenSubscription returns a consuming driver for an existing subscription.
+// SubscriptionDriver returns a consuming driver for an existing subscription.
 // Each call returns a separate consumer, as separate processes would have.
-func (b *Broker) OpenSubscription(name string) (*Subscription, error) {
+func (b *Broker) SubscriptionDriver(name string) (*Subscription, error) {
 	b.mu.Lock()
 	s, ok := b.subs[name]
 	b.mu.Unlock()
@@ -385,7 +385,7 @@ var ErrCrashed = errors.New("memory: consumer crashed (fault injection)")
 // under way returns it at once), so nothing it holds is acknowledged,
 // returned or extended, and its leases expire after the subscription's
 // lease duration, each counting an attempt, as a dead process's would. A
-// consumer opened afterwards with Broker.OpenSubscription plays the
+// consumer opened afterwards with Broker.SubscriptionDriver plays the
 // restarted process. It is a fault-injection hook for tests of lost
 // consumers.
 func (d *Subscription) Crash() {
@@ -545,7 +545,7 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 		}
 	}
 	o.Broker.CreateTopic(name, &cfg)
-	return o.Broker.OpenTopic(name), nil
+	return o.Broker.TopicDriver(name), nil
 }
 
 // OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
@@ -607,7 +607,7 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters
 	if err := o.Broker.CreateSubscription(topicName, name, &cfg); err != nil {
 		return nil, err
 	}
-	return o.Broker.OpenSubscription(name)
+	return o.Broker.SubscriptionDriver(name)
 }
 
 // Name returns the subscription's name (adapters.Namer).

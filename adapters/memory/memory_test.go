@@ -21,7 +21,7 @@ func send(t *testing.T, b *memory.Broker, specs ...[2]string) {
 	for _, s := range specs {
 		ms = append(ms, &adapters.Message{ID: s[0], Key: s[1], Payload: []byte(s[0])})
 	}
-	if err := b.OpenTopic("t").SendBatch(context.Background(), ms); err != nil {
+	if err := b.TopicDriver("t").SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -42,8 +42,8 @@ func TestInProcessRedeliversSuccessors(t *testing.T) {
 		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"b1", "B"})
 		ctx := context.Background()
-		c1, _ := b.OpenSubscription("s")
-		c2, _ := b.OpenSubscription("s")
+		c1, _ := b.SubscriptionDriver("s")
+		c2, _ := b.SubscriptionDriver("s")
 		got, _ := c1.Receive(ctx, 3)
 		if !slices.Equal(ids(got), []string{"a1", "a2", "a3"}) {
 			t.Fatalf("c1 got %v; a key's successors stream while earlier ones are unsettled", ids(got))
@@ -73,7 +73,7 @@ func TestNativeNackHoldsGroupAndChains(t *testing.T) {
 		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 3})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"}, [2]string{"b1", "B"})
 		ctx := context.Background()
-		c, _ := b.OpenSubscription("s")
+		c, _ := b.SubscriptionDriver("s")
 		got, _ := c.Receive(ctx, 10)
 		if !slices.Equal(ids(got), []string{"a1", "a2", "a3", "b1"}) {
 			t.Fatalf("got %v, want a chain of 3 of A then b1", ids(got))
@@ -143,8 +143,8 @@ func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
 	b.CreateSubscription("t", "s2", &memory.SubscriptionConfig{Ordering: policy.Ordered})
 	send(t, b, [2]string{"m1", "k"})
 	ctx := context.Background()
-	c1, _ := b.OpenSubscription("s1")
-	c2, _ := b.OpenSubscription("s2")
+	c1, _ := b.SubscriptionDriver("s1")
+	c2, _ := b.SubscriptionDriver("s2")
 	m1, _ := c1.Receive(ctx, 1)
 	m2, _ := c2.Receive(ctx, 1)
 	if err := c2.Ack(ctx, m1); err == nil {
@@ -166,7 +166,7 @@ func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
 	b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
 	send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"})
 	ctx := context.Background()
-	c, _ := b.OpenSubscription("s")
+	c, _ := b.SubscriptionDriver("s")
 	got, _ := c.Receive(ctx, 10)
 	if err := c.Release(ctx, got); err != nil {
 		t.Fatalf("releasing a1 a2 a3 = %v", err)
@@ -196,7 +196,7 @@ func TestCrashedConsumerLeasesExpire(t *testing.T) {
 		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"})
 		ctx := context.Background()
-		c1, _ := b.OpenSubscription("s")
+		c1, _ := b.SubscriptionDriver("s")
 		got, _ := c1.Receive(ctx, 1)
 		if !slices.Equal(ids(got), []string{"a1"}) {
 			t.Fatalf("c1 got %v", ids(got))
@@ -211,7 +211,7 @@ func TestCrashedConsumerLeasesExpire(t *testing.T) {
 		if err := c1.Ack(ctx, got); !errors.Is(err, memory.ErrCrashed) || c1.IsRetryable(err) {
 			t.Fatalf("Ack after Crash returned %v (retryable %v), want permanent ErrCrashed", err, c1.IsRetryable(err))
 		}
-		c2, _ := b.OpenSubscription("s")
+		c2, _ := b.SubscriptionDriver("s")
 		time.Sleep(9 * time.Second)
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		early, _ := c2.Receive(rctx, 1)

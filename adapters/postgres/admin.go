@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -173,15 +172,6 @@ func (a *Admin) DeleteSubscription(ctx context.Context, topic, name string) erro
 	return nil
 }
 
-// DeadLetters lists up to limit dead letters of a subscription, oldest first.
-func (a *Admin) DeadLetters(ctx context.Context, topic, sub string, limit int) ([]adapters.DeadLetter, error) {
-	info, err := a.s.subscription(ctx, topic, sub)
-	if err != nil {
-		return nil, err
-	}
-	return a.s.deadLetters(ctx, info.id, limit)
-}
-
 func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]adapters.DeadLetter, error) {
 	rows, err := s.pool.Query(ctx, s.sql(`
 		SELECT msg_id, msg_key, payload, headers, published_at, reason, attempts, dead_at
@@ -211,17 +201,6 @@ func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]adap
 		return nil, fmt.Errorf("postgres: dead letters: %w", err)
 	}
 	return out, nil
-}
-
-// Redrive puts the dead letters of a subscription with these message IDs
-// back on it, after everything published meanwhile, with a fresh attempt
-// count. Other subscriptions of the topic do not see them again.
-func (a *Admin) Redrive(ctx context.Context, topic, sub string, ids []string) (int, error) {
-	info, err := a.s.subscription(ctx, topic, sub)
-	if err != nil {
-		return 0, err
-	}
-	return a.s.redrive(ctx, info, ids)
 }
 
 func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, error) {
@@ -274,29 +253,7 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 	return n, nil
 }
 
-// HeldKey is a key of an Exclusive or Ordered subscription that cannot be
-// claimed now.
-type HeldKey struct {
-	// Key is the ordering key.
-	Key string
-	// InFlight is set while a consumer holds a lease on the key.
-	InFlight bool
-	// Until is when the key becomes claimable: the lease expiry while in
-	// flight, else the retry or not-before time of the message holding it.
-	Until time.Time
-}
-
-// HeldKeys lists up to limit keys of a subscription that are in flight or
-// waiting (a retry delay or a publish delay), soonest first.
-func (a *Admin) HeldKeys(ctx context.Context, topic, sub string, limit int) ([]HeldKey, error) {
-	info, err := a.s.subscription(ctx, topic, sub)
-	if err != nil {
-		return nil, err
-	}
-	return a.s.heldKeys(ctx, info.id, limit)
-}
-
-func (s *store) heldKeys(ctx context.Context, subID int32, limit int) ([]HeldKey, error) {
+func (s *store) heldKeys(ctx context.Context, subID int32, limit int) ([]keyorder.HeldKey, error) {
 	rows, err := s.pool.Query(ctx, s.sql(`
 		SELECT msg_key, lease_token IS NOT NULL, claimable_at FROM {{schema}}.heads
 		WHERE sub_id = $1 AND claimable_at > now() AND claimable_at < 'infinity'
@@ -304,8 +261,8 @@ func (s *store) heldKeys(ctx context.Context, subID int32, limit int) ([]HeldKey
 	if err != nil {
 		return nil, fmt.Errorf("postgres: held keys: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (HeldKey, error) {
-		var k HeldKey
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (keyorder.HeldKey, error) {
+		var k keyorder.HeldKey
 		err := r.Scan(&k.Key, &k.InFlight, &k.Until)
 		return k, err
 	})
@@ -348,37 +305,36 @@ func (a *Admin) Purge(ctx context.Context, topic string) (int64, error) {
 	}
 }
 
-// Stats are a subscription's counts.
-type Stats struct {
-	// Pending counts deliveries not yet acknowledged or dead-lettered
-	// (including those in flight).
-	Pending int64
-	// Dead counts dead letters.
-	Dead int64
-	// Heads counts keys with something pending or in flight.
-	Heads int64
-	// Messages counts the topic's stored message bodies.
-	Messages int64
-}
-
-// Stats returns a subscription's counts (a full count: for monitoring and
-// tests, not for a hot path).
-func (a *Admin) Stats(ctx context.Context, topic, sub string) (Stats, error) {
-	info, err := a.s.subscription(ctx, topic, sub)
-	if err != nil {
-		return Stats{}, err
-	}
-	var st Stats
-	err = a.s.pool.QueryRow(ctx, a.s.sql(`SELECT
+// backendStats counts what the subscription keeps (a full count: for
+// monitoring and tests, not for a hot path).
+func (s *store) backendStats(ctx context.Context, subID int32) (keyorder.BackendStats, error) {
+	var st keyorder.BackendStats
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT
 		(SELECT count(*) FROM {{schema}}.deliveries WHERE sub_id = $1),
 		(SELECT count(*) FROM {{schema}}.dead_letters WHERE sub_id = $1),
 		(SELECT count(*) FROM {{schema}}.heads WHERE sub_id = $1),
-		(SELECT count(*) FROM {{schema}}.messages WHERE topic_id = $2)`), info.id, info.topicID).
-		Scan(&st.Pending, &st.Dead, &st.Heads, &st.Messages)
+		(SELECT count(*) FROM {{schema}}.heads WHERE sub_id = $1 AND claimable_at > now() AND claimable_at < 'infinity')`), subID).
+		Scan(&st.Pending, &st.Dead, &st.Keys, &st.HeldKeys)
 	if err != nil {
-		return Stats{}, fmt.Errorf("postgres: stats: %w", err)
+		return keyorder.BackendStats{}, fmt.Errorf("postgres: stats: %w", err)
 	}
 	return st, nil
+}
+
+// StoredMessages counts the message bodies a topic stores. Acknowledgements
+// delete the bodies no subscription needs any more, and Purge collects the
+// rest; this count is how to watch that retention (the counts of one
+// subscription are subscribe.Subscriber.Stats).
+func (a *Admin) StoredMessages(ctx context.Context, topic string) (int64, error) {
+	tid, err := a.s.topicID(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := a.s.pool.QueryRow(ctx, a.s.sql(`SELECT count(*) FROM {{schema}}.messages WHERE topic_id = $1`), tid).Scan(&n); err != nil {
+		return 0, fmt.Errorf("postgres: stored messages of %q: %w", topic, err)
+	}
+	return n, nil
 }
 
 // execer is what a publish runs on: a pool, a connection or a transaction.

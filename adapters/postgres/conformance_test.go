@@ -39,7 +39,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 		ChainLength:   h.chain,
 		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering},
 	})
-	tp, err := postgres.OpenTopic(ctx, h.e.pool, name, opts)
+	tp, err := postgres.OpenTopicDriver(ctx, h.e.pool, name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +50,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	return &integration.Pair{
 		Topic: tp,
 		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
-			s, err := postgres.OpenSubscription(ctx, h.e.pool, name, "sub", opts)
+			s, err := postgres.OpenSubscriptionDriver(ctx, h.e.pool, name, "sub", opts)
 			if err == nil {
 				t.Cleanup(func() { s.Close() })
 			}

@@ -26,10 +26,14 @@
 // sslrootcert, sslcert, sslkey, sslpassword, connect_timeout,
 // application_name, target_session_attrs and pool_* go to pgx; any other
 // parameter is rejected with keyorder.ErrBadURL (a password goes in the
-// userinfo, never in ?password=; errors show it redacted). A Topic or
-// Subscription opened from a URL owns its pool; the typed constructors
-// (OpenTopic, OpenSubscription, NewAdmin) take the application's
-// *pgxpool.Pool.
+// userinfo, never in ?password=; errors show it redacted). A topic or
+// subscription opened from a URL owns its pool; the typed constructors
+// (OpenTopic, OpenSubscription, OpenOutbox, NewAdmin) take the
+// application's *pgxpool.Pool. OpenTopic and OpenSubscription return the
+// portable *publish.Publisher and *subscribe.Subscriber; the drivers are
+// not exported. PostgreSQL's own operations are on Admin (topics,
+// subscriptions, retention) and Outbox (PublishTx); dead letters, held keys
+// and counts are the Subscriber's (DeadLetters, Redrive, HeldKeys, Stats).
 //
 // # Ordering
 //

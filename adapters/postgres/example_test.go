@@ -28,7 +28,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "postgres://app:secret@db:5432/app?sslmode=require&topic=ledger", nil)
 	if err != nil {

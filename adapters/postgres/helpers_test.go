@@ -72,7 +72,7 @@ func (e *env) topic(name string, o *postgres.Options) *postgres.Topic {
 	e.t.Helper()
 	o = e.opts(o)
 	o.Create = true
-	tp, err := postgres.OpenTopic(context.Background(), e.pool, name, o)
+	tp, err := postgres.OpenTopicDriver(context.Background(), e.pool, name, o)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func (e *env) sub(topic, name string, ordering policy.Ordering, o *postgres.Opti
 	o = e.opts(o)
 	o.Create = true
 	o.Subscription = &postgres.SubscriptionOptions{Ordering: ordering}
-	s, err := postgres.OpenSubscription(context.Background(), e.pool, topic, name, o)
+	s, err := postgres.OpenSubscriptionDriver(context.Background(), e.pool, topic, name, o)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ func helperConsumer() int {
 		return 2
 	}
 	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
-	s, err := postgres.OpenSubscription(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
+	s, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
 		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
 	})
 	if err != nil {

@@ -119,12 +119,12 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	defer pool.Close()
 	opts := &postgres.Options{Migrate: true, Create: true, LeaseDuration: 2 * time.Second, PollInterval: 100 * time.Millisecond,
 		Subscription: &postgres.SubscriptionOptions{Ordering: policy.Ordered}}
-	tp, err := postgres.OpenTopic(ctx, pool, "t", opts)
+	tp, err := postgres.OpenTopicDriver(ctx, pool, "t", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tp.Close()
-	sub, err := postgres.OpenSubscription(ctx, pool, "t", "s", opts)
+	sub, err := postgres.OpenSubscriptionDriver(ctx, pool, "t", "s", opts)
 	if err != nil {
 		t.Fatal(err)
 	}

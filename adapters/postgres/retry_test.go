@@ -24,7 +24,7 @@ func TestStoredRetrySettingsRun(t *testing.T) {
 	o := e.opts(nil)
 	o.Create = true
 	o.Subscription = &postgres.SubscriptionOptions{Ordering: policy.Ordered, MaxAttempts: 2, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
-	drv, err := postgres.OpenSubscription(context.Background(), e.pool, "t", "s", o)
+	drv, err := postgres.OpenSubscriptionDriver(context.Background(), e.pool, "t", "s", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestStoredRetrySettingsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 	var runs atomic.Int32
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -98,7 +98,7 @@ func TestUnstatedRetrySettingsLeaveConfigToDecide(t *testing.T) {
 	o := e.opts(nil)
 	o.Create = true
 	o.Subscription = &postgres.SubscriptionOptions{Ordering: policy.Ordered, MaxAttempts: 4}
-	if _, err := postgres.OpenSubscription(context.Background(), e.pool, "t", "s", o); !errors.Is(err, keyorder.ErrInvalidConfig) {
+	if _, err := postgres.OpenSubscriptionDriver(context.Background(), e.pool, "t", "s", o); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("reopen asking MaxAttempts 4 = %v, want ErrInvalidConfig", err)
 	}
 }

@@ -69,7 +69,7 @@ func BenchmarkStackOrdered(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 			b.StopTimer()
 			for _, s := range subs {
-				s.Shutdown(ctx)
+				s.Close(ctx)
 			}
 			pub.Close(ctx)
 		})

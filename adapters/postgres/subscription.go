@@ -19,9 +19,10 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Subscription consumes one subscription. It implements
-// adapters.Subscription and adapters.DeadLetterStore.
-type Subscription struct {
+// pgSubscription is the subscription driver: it consumes one subscription.
+// It implements adapters.Subscription, DeadLetterStore, StatsReporter and
+// HeldKeyLister.
+type pgSubscription struct {
 	s        *store
 	info     *subInfo
 	opts     *Options
@@ -39,8 +40,10 @@ type Subscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*Subscription)(nil)
-	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ adapters.Subscription    = (*pgSubscription)(nil)
+	_ adapters.DeadLetterStore = (*pgSubscription)(nil)
+	_ adapters.StatsReporter   = (*pgSubscription)(nil)
+	_ adapters.HeldKeyLister   = (*pgSubscription)(nil)
 )
 
 // ackID is a delivery's handle. A keyed delivery belongs to the chain it
@@ -105,13 +108,13 @@ func (c *chain) end(ids []int64, ok, piggyback bool) (releaseNow bool) {
 	return false
 }
 
-// OpenSubscription opens subscription sub of topic on pool. With
+// openSubscription opens the driver of subscription sub of topic on pool. With
 // opts.Migrate it first applies pending migrations; with opts.Create it
 // creates the topic and subscription (with opts.Subscription) if missing,
 // else a missing one fails with keyorder.ErrNotFound. The pool stays the
 // caller's: Close does not close it. A subscription holds one extra
 // connection outside the pool for LISTEN.
-func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string, opts *Options) (*Subscription, error) {
+func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string, opts *Options) (*pgSubscription, error) {
 	o := opts.WithDefaults()
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -136,7 +139,7 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 	if info.opts.Ordering == policy.Exclusive {
 		next = nextExclusive
 	}
-	su := &Subscription{
+	su := &pgSubscription{
 		s: s, info: info, opts: o,
 		claimKeys:   s.sql(sqlClaimKeys),
 		claimDirect: s.sql(sqlClaimDirect),
@@ -154,15 +157,15 @@ func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 }
 
 // Name returns the subscription's name.
-func (su *Subscription) Name() string { return su.info.name }
+func (su *pgSubscription) Name() string { return su.info.name }
 
 // Settings returns the subscription's settings, as fixed at creation.
-func (su *Subscription) Settings() SubscriptionOptions { return *su.info.opts }
+func (su *pgSubscription) Settings() SubscriptionOptions { return *su.info.opts }
 
 // Capabilities describes the subscription: the database holds groups
 // itself (NativeHold), and the retry settings stored with the subscription
 // are the ones consumers run (Retry).
-func (su *Subscription) Capabilities() adapters.Capabilities {
+func (su *pgSubscription) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{
 		Ordering:      su.info.opts.Ordering,
 		NativeHold:    true,
@@ -176,7 +179,7 @@ func (su *Subscription) Capabilities() adapters.Capabilities {
 // messages per key (Exclusive, Ordered), and single messages (Parallel,
 // keyless). It waits for a notification, the next retry or delay to fall due,
 // or PollInterval, whichever comes first, while nothing is claimable.
-func (su *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (su *pgSubscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	maxMessages = min(max(maxMessages, 1), su.opts.MaxBatch)
 	for {
 		if su.closed.Load() {
@@ -211,7 +214,7 @@ func (su *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapte
 
 // claim runs the claim queries in one round trip. When nothing was claimed it
 // also returns how long to wait before trying again.
-func (su *Subscription) claim(ctx context.Context, maxMessages int) ([]*adapters.Message, time.Duration, error) {
+func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapters.Message, time.Duration, error) {
 	token := rand.Int64()
 	keyed := su.info.opts.Ordering.Keyed()
 	b := &pgx.Batch{}
@@ -369,7 +372,7 @@ func (st *settlement) end(ok bool) []*chain {
 }
 
 // queueRelease adds the release of the chains' heads to b.
-func (su *Subscription) queueRelease(b *pgx.Batch, chains []*chain) {
+func (su *pgSubscription) queueRelease(b *pgx.Batch, chains []*chain) {
 	if len(chains) == 0 {
 		return
 	}
@@ -387,7 +390,7 @@ func (su *Subscription) queueRelease(b *pgx.Batch, chains []*chain) {
 // run sends b (several statements run as one implicit transaction) with the
 // releases of the chains this call empties, then releases the chains that
 // were waiting for it.
-func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement) error {
+func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement) error {
 	var piggy []*chain
 	for c, p := range st.piggyback {
 		if p {
@@ -422,7 +425,7 @@ func (su *Subscription) run(ctx context.Context, op string, b *pgx.Batch, st *se
 
 // Ack deletes the deliveries, and the message bodies no other subscription
 // needs, and releases the keys whose chain is now settled.
-func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (su *pgSubscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
@@ -440,7 +443,7 @@ func (su *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 // Nack records the failed attempt and makes m
 // claimable again not before delay. Under Ordered its key stays held until
 // then: nothing behind m is claimed.
-func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (su *pgSubscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	as, err := ackIDs([]*adapters.Message{m})
 	if err != nil {
 		return err
@@ -457,7 +460,7 @@ func (su *Subscription) Nack(ctx context.Context, m *adapters.Message, delay tim
 }
 
 // Release gives ms back without counting an attempt; they keep their place.
-func (su *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (su *pgSubscription) Release(ctx context.Context, ms []*adapters.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
@@ -479,7 +482,7 @@ func (su *Subscription) Release(ctx context.Context, ms []*adapters.Message) err
 
 // DeadLetter moves m to the dead letters with reason and attempts; its key
 // continues with the next message.
-func (su *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (su *pgSubscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
 	as, err := ackIDs([]*adapters.Message{m})
 	if err != nil {
 		return err
@@ -492,7 +495,7 @@ func (su *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, rea
 
 // ExtendLeases renews the leases of ms (a keyed message's lease is its
 // chain's) and returns those whose lease was lost.
-func (su *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (su *pgSubscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return nil, err
@@ -568,32 +571,38 @@ func (su *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message
 }
 
 // DeadLetters lists up to limit dead letters, oldest first.
-func (su *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (su *pgSubscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	return su.s.deadLetters(ctx, su.info.id, limit)
 }
 
 // Redrive puts the dead letters with these message IDs back on the
 // subscription after everything that arrived meanwhile, with a fresh attempt
 // count.
-func (su *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+func (su *pgSubscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	return su.s.redrive(ctx, su.info, ids)
 }
 
 // HeldKeys lists up to limit keys that are in flight or waiting, soonest
-// first.
-func (su *Subscription) HeldKeys(ctx context.Context, limit int) ([]HeldKey, error) {
+// first (adapters.HeldKeyLister).
+func (su *pgSubscription) HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error) {
 	return su.s.heldKeys(ctx, su.info.id, limit)
 }
 
+// BackendStats counts the subscription's pending messages, dead letters,
+// keys and held keys (adapters.StatsReporter).
+func (su *pgSubscription) BackendStats(ctx context.Context) (keyorder.BackendStats, error) {
+	return su.s.backendStats(ctx, su.info.id)
+}
+
 // IsRetryable reports whether err is transient.
-func (su *Subscription) IsRetryable(err error) bool { return IsRetryable(err) }
+func (su *pgSubscription) IsRetryable(err error) bool { return IsRetryable(err) }
 
 // ErrorCode classifies err.
-func (su *Subscription) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }
+func (su *pgSubscription) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }
 
 // Close stops the listener; unsettled messages are left to lease expiry.
 // When the Subscription was opened from a URL it closes its pool.
-func (su *Subscription) Close() error {
+func (su *pgSubscription) Close() error {
 	if su.closed.Swap(true) {
 		return nil
 	}
@@ -608,7 +617,7 @@ func (su *Subscription) Close() error {
 
 // vacuumLoop vacuums the heads table every VacuumInterval, in one process at
 // a time.
-func (su *Subscription) vacuumLoop() {
+func (su *pgSubscription) vacuumLoop() {
 	defer su.maint.Done()
 	t := time.NewTicker(su.opts.VacuumInterval)
 	defer t.Stop()
@@ -629,7 +638,7 @@ func (su *Subscription) vacuumLoop() {
 	}
 }
 
-func (su *Subscription) vacuumHeads(ctx context.Context) error {
+func (su *pgSubscription) vacuumHeads(ctx context.Context) error {
 	conn, err := su.s.pool.Acquire(ctx)
 	if err != nil {
 		return err

@@ -31,8 +31,9 @@ var limits = adapters.Limits{
 	MaxBatchBytes:    64 << 20,
 }
 
-// Topic publishes to one topic. It implements adapters.Topic.
-type Topic struct {
+// pgTopic is the topic driver: it publishes to one topic. It implements
+// adapters.Topic.
+type pgTopic struct {
 	s        *store
 	name     string
 	id       int32
@@ -42,13 +43,13 @@ type Topic struct {
 	closed   atomic.Bool
 }
 
-var _ adapters.Topic = (*Topic)(nil)
+var _ adapters.Topic = (*pgTopic)(nil)
 
-// OpenTopic opens topic on pool. With opts.Migrate it first applies pending
+// openTopic opens the driver of topic on pool. With opts.Migrate it first applies pending
 // migrations; with opts.Create it creates the topic if missing, else a
 // missing topic fails with keyorder.ErrNotFound. The pool stays the caller's:
 // Close does not close it.
-func OpenTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Options) (*Topic, error) {
+func openTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Options) (*pgTopic, error) {
 	o := opts.WithDefaults()
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -69,7 +70,7 @@ func OpenTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Opti
 	if err != nil {
 		return nil, err
 	}
-	t := &Topic{s: s, name: topic, id: id, opts: o}
+	t := &pgTopic{s: s, name: topic, id: id, opts: o}
 	if o.NotifyDebounce >= 0 {
 		t.notifier = &notifier{s: s, channel: s.channel(topic), debounce: o.NotifyDebounce, log: o.Logger}
 	}
@@ -79,7 +80,7 @@ func OpenTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Opti
 // SendBatch inserts ms in one transaction, in order. Unlike the general
 // contract requires, this driver also accepts a batch that mixes keys: each
 // key keeps its order within the batch.
-func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *pgTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if t.closed.Load() {
 		return keyorder.ErrClosed
 	}
@@ -107,7 +108,7 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 // Until tx ends, the heads of the keys it published are locked: consumers
 // skip those keys and acknowledgements of them wait. Keep such transactions
 // short.
-func (t *Topic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Message) error {
+func (t *pgTopic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Message) error {
 	if t.closed.Load() {
 		return keyorder.ErrClosed
 	}
@@ -133,7 +134,7 @@ func checkMessage(m *adapters.Message) error { return adapters.Validate(limits, 
 // notifyChannel returns the channel to NOTIFY inside this publish's
 // transaction, or "" when a notification went out less than the debounce
 // interval ago (a trailing one is then scheduled).
-func (t *Topic) notifyChannel() string {
+func (t *pgTopic) notifyChannel() string {
 	if t.notifier == nil || !t.notifier.include() {
 		return ""
 	}
@@ -229,17 +230,17 @@ func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *i
 }
 
 // Limits returns the backend's message limits.
-func (t *Topic) Limits() adapters.Limits { return limits }
+func (t *pgTopic) Limits() adapters.Limits { return limits }
 
 // IsRetryable reports whether err is transient.
-func (t *Topic) IsRetryable(err error) bool { return IsRetryable(err) }
+func (t *pgTopic) IsRetryable(err error) bool { return IsRetryable(err) }
 
 // ErrorCode classifies err.
-func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }
+func (t *pgTopic) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }
 
 // Close sends a pending trailing notification and, when the Topic was
 // opened from a URL, closes its pool.
-func (t *Topic) Close() error {
+func (t *pgTopic) Close() error {
 	if t.closed.Swap(true) {
 		return nil
 	}

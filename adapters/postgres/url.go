@@ -61,7 +61,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, err
 	}
-	t, err := OpenTopic(ctx, pool, topic, opts)
+	t, err := openTopic(ctx, pool, topic, opts)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -87,7 +87,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, err
 	}
-	s, err := OpenSubscription(ctx, pool, topic, sub, opts)
+	s, err := openSubscription(ctx, pool, topic, sub, opts)
 	if err != nil {
 		pool.Close()
 		return nil, err

@@ -63,11 +63,7 @@ func TestAsyncPublishVsRaw(t *testing.T) {
 		return float64(n) / time.Since(start).Seconds()
 	}
 	ours := func() float64 {
-		drv, err := pubsub.OpenTopic(ctx, client, newTopic(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := publish.New(drv, &publish.Config{Logger: slog.New(slog.DiscardHandler)})
+		p, err := pubsub.OpenTopic(ctx, client, newTopic(), nil, &publish.Config{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,11 +83,7 @@ func TestAsyncPublishVsRaw(t *testing.T) {
 	// The synchronous form, for comparison: Publish from one goroutine per
 	// key (the 0.22x of issue 11).
 	sync := func() float64 {
-		drv, err := pubsub.OpenTopic(ctx, client, newTopic(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := publish.New(drv, &publish.Config{Logger: slog.New(slog.DiscardHandler)})
+		p, err := pubsub.OpenTopic(ctx, client, newTopic(), nil, &publish.Config{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

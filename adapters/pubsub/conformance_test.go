@@ -54,7 +54,7 @@ func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec in
 		return nil, err
 	}
 	t.Cleanup(func() { deleteAll(client, topicID, subID) })
-	topic, err := pubsub.OpenTopic(ctx, client, topicID, nil)
+	topic, err := pubsub.OpenTopicDriver(ctx, client, topicID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec in
 	return &integration.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
-			return pubsub.OpenSubscription(ctx, client, subID, opts)
+			return pubsub.OpenSubscriptionDriver(ctx, client, subID, opts)
 		},
 	}, nil
 }

@@ -25,7 +25,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "pubsub://my-project/ledger", nil)
 	if err != nil {

@@ -445,7 +445,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 		client.Close()
 		return nil, err
 	}
-	t, err := OpenTopic(ctx, client, topic, &TopicOptions{Logger: o.Logger})
+	t, err := openTopic(ctx, client, topic, &TopicOptions{Logger: o.Logger})
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -530,7 +530,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 		client.Close()
 		return nil, err
 	}
-	s, err := OpenSubscription(ctx, client, sub, &opts)
+	s, err := openSubscription(ctx, client, sub, &opts)
 	if err != nil {
 		client.Close()
 		return nil, err

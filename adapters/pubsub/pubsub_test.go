@@ -116,12 +116,12 @@ func rawSetup(t *testing.T) (*pstest.Server, *pubsub.Topic, *pubsub.Subscription
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}
-	topic, err := pubsub.OpenTopic(ctx, client, topicID, nil)
+	topic, err := pubsub.OpenTopicDriver(ctx, client, topicID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { topic.Close() })
-	sub, err := pubsub.OpenSubscription(ctx, client, subID, opts)
+	sub, err := pubsub.OpenSubscriptionDriver(ctx, client, subID, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestFailedPublishResumesKeyInClient(t *testing.T) {
 	client := pstestClientFromEnv(t)
 	ctx := context.Background()
 	topicID := uniqueID("t")
-	topic, err := pubsub.OpenTopic(ctx, client, topicID, nil)
+	topic, err := pubsub.OpenTopicDriver(ctx, client, topicID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func TestSubscriptionLogsOnInjectedLogger(t *testing.T) {
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := pubsub.OpenSubscription(ctx, client, subID, opts)
+	sub, err := pubsub.OpenSubscriptionDriver(ctx, client, subID, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func receiveSetup(t *testing.T, client *gpubsub.Client) (*Subscription, func(ids
 			client.TopicAdminClient.DeleteTopic(dctx, &pubsubpb.DeleteTopicRequest{Topic: topicName(client.Project(), tp)})
 		}
 	})
-	sub, err := OpenSubscription(ctx, client, subID, opts)
+	sub, err := openSubscription(ctx, client, subID, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestCloseHandsBackWhatAPullInFlightBrings(t *testing.T) {
 				t.Fatalf("Receive = %v, want errClosed", err)
 			}
 			sp.hold.Store(0)
-			other, err := OpenSubscription(context.Background(), client, sub.name, &SubscriptionOptions{Ordering: policy.Ordered})
+			other, err := openSubscription(context.Background(), client, sub.name, &SubscriptionOptions{Ordering: policy.Ordered})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,10 +21,10 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Subscription is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the adapters.Subscription driver of one consumer of a
 // Pub/Sub subscription. It long-polls with the unary Pull RPC and keeps
 // each message's ack deadline itself (see the package documentation).
-type Subscription struct {
+type subscriptionDriver struct {
 	client    *gpubsub.Client
 	name      string // projects/p/subscriptions/s
 	topic     string // projects/p/topics/t
@@ -49,8 +49,8 @@ type Subscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*Subscription)(nil)
-	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ adapters.Subscription    = (*subscriptionDriver)(nil)
+	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 // delivery is a received message's AckID.
@@ -62,12 +62,12 @@ type delivery struct {
 	deadline time.Time
 }
 
-// OpenSubscription returns a consuming driver for the existing subscription
+// openSubscription returns a consuming driver for the existing subscription
 // subID (an ID in the client's project or a full name). opts.Ordering must
 // match the policy the subscription was created with (its label); MaxBatch
 // applies; the lease is the subscription's ack deadline. The client stays
 // the caller's: Close does not close it.
-func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string, opts *SubscriptionOptions) (*Subscription, error) {
+func openSubscription(ctx context.Context, client *gpubsub.Client, subID string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pubsub.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -79,7 +79,7 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 	}
 	project := client.Project()
 	life, stop := context.WithCancel(context.Background())
-	return &Subscription{
+	return &subscriptionDriver{
 		life:      life,
 		stop:      stop,
 		closing:   life.Done(),
@@ -141,7 +141,7 @@ const (
 // their ack deadline passes (on Google's emulator behind their key's
 // later messages). The grace, the Pull's whole deadline, makes that rare:
 // the emulator answers every Pull within about pullWait minus a second.
-func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
 	}
@@ -187,7 +187,7 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 // pullOnce sends one Pull and converts its answer. After Close it returns
 // errClosed, handing back what a Pull in flight brought; Close waits for
 // that before closing the client.
-func (s *Subscription) pullOnce(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) pullOnce(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -219,7 +219,7 @@ func (s *Subscription) pullOnce(ctx context.Context, maxMessages int) ([]*adapte
 // pull sends one long-poll Pull with a deadline of pullWait, not cancelled
 // by ctx or Close until shutdownGrace after either ends. A Pull that
 // reaches its own deadline is an empty answer (nil, nil).
-func (s *Subscription) pull(ctx context.Context, maxMessages int) ([]*pubsubpb.ReceivedMessage, error) {
+func (s *subscriptionDriver) pull(ctx context.Context, maxMessages int) ([]*pubsubpb.ReceivedMessage, error) {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullWait)
 	defer cancel()
 	var (
@@ -251,14 +251,14 @@ func (s *Subscription) pull(ctx context.Context, maxMessages int) ([]*pubsubpb.R
 	return resp.GetReceivedMessages(), err
 }
 
-func (s *Subscription) isClosed() bool {
+func (s *subscriptionDriver) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
 }
 
 // releaseOnClose hands back messages a Pull brought after Close began.
-func (s *Subscription) releaseOnClose(ms []*adapters.Message) {
+func (s *subscriptionDriver) releaseOnClose(ms []*adapters.Message) {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := s.modify(ctx, ms, 0); err != nil {
@@ -270,7 +270,7 @@ func (s *Subscription) releaseOnClose(ms []*adapters.Message) {
 // fromPubSub converts a pulled message. Its lease is counted from when the
 // service may have leased it at the earliest: when the Pull was sent, or
 // leaseSlack before its answer arrived if the Pull waited longer than that.
-func (s *Subscription) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered time.Time) *adapters.Message {
+func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered time.Time) *adapters.Message {
 	pm := rm.GetMessage()
 	m := s.fromMessage(pm)
 	leased := sent
@@ -286,7 +286,7 @@ func (s *Subscription) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered t
 // driver's attributes become ID and NotBefore, the rest Headers. A
 // not-before attribute that does not parse (not written by keyorder) is
 // logged and ignored: the message is delivered without a delay.
-func (s *Subscription) fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
+func (s *subscriptionDriver) fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
 	m := &adapters.Message{
 		ID:          pm.GetMessageId(),
 		Key:         pm.GetOrderingKey(),
@@ -334,7 +334,7 @@ func ackIDs(ms []*adapters.Message) ([]string, []*delivery, error) {
 const maxAckIDsPerRequest = 1000
 
 // Ack acknowledges ms.
-func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
 	ids, _, err := ackIDs(ms)
 	if err != nil {
 		return err
@@ -350,7 +350,7 @@ func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 // Nack is not used: the driver declares no native hold, and the subscribe
 // package never asks Pub/Sub to redeliver a failed message. It returns the
 // message at once regardless of delay (ModifyAckDeadline 0), as Release does.
-func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	return s.Release(ctx, []*adapters.Message{m})
 }
 
@@ -361,11 +361,11 @@ func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 // acknowledged. Google's emulator instead queues released messages for
 // redelivery in the order they were released, behind the key's messages
 // never delivered yet (see the package documentation).
-func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
 	return s.modify(ctx, ms, 0)
 }
 
-func (s *Subscription) modify(ctx context.Context, ms []*adapters.Message, d time.Duration) error {
+func (s *subscriptionDriver) modify(ctx context.Context, ms []*adapters.Message, d time.Duration) error {
 	ids, _, err := ackIDs(ms)
 	if err != nil {
 		return err
@@ -385,7 +385,7 @@ func (s *Subscription) modify(ctx context.Context, ms []*adapters.Message, d tim
 // was sent is reported lost instead: Pub/Sub may have redelivered it (the
 // service accepts a late ModifyAckDeadline silently, so the driver keeps
 // the deadline it last obtained for each message).
-func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
 	_, ds, err := ackIDs(ms)
 	if err != nil {
 		return nil, err
@@ -432,7 +432,7 @@ func truncateUTF8(s string, n int) string {
 
 // publishers returns the publishers of the dead-letter topic and of the
 // subscription's topic, made on first use; errClosed after Close.
-func (s *Subscription) publishers() (dead, topic *gpubsub.Publisher, err error) {
+func (s *subscriptionDriver) publishers() (dead, topic *gpubsub.Publisher, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -462,7 +462,7 @@ func publishWait(ctx context.Context, p *gpubsub.Publisher, m *gpubsub.Message) 
 // 1024-byte attribute limit), keyorder-attempts and keyorder-dead-at; then
 // acknowledges it. If the acknowledgement fails, m may be dead-lettered
 // twice.
-func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
 	pm, err := toPubSub(&adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
 	if err != nil {
 		return err
@@ -482,7 +482,7 @@ func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reas
 
 // Capabilities: the subscription's policy, no native hold, the
 // subscription's ack deadline as lease.
-func (s *Subscription) Capabilities() adapters.Capabilities {
+func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{
 		Ordering:      s.ordering,
 		NativeHold:    false,
@@ -492,17 +492,17 @@ func (s *Subscription) Capabilities() adapters.Capabilities {
 }
 
 // IsRetryable reports whether err is a transient gRPC status.
-func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
+func (s *subscriptionDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err by its gRPC status code.
-func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (s *subscriptionDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close stops the driver. A Receive in flight returns errClosed within
 // about shutdownGrace; messages its Pull brings meanwhile are handed back
 // to Pub/Sub. Other unsettled messages are left to Pub/Sub: their ack
 // deadlines expire and they are redelivered. It closes the client if the
 // driver opened it (URL opener).
-func (s *Subscription) Close() error {
+func (s *subscriptionDriver) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -527,7 +527,7 @@ func (s *Subscription) Close() error {
 
 // pullDead pulls every message currently on the dead-letter subscription,
 // leased for its ack deadline. Callers settle or release them.
-func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessage, error) {
+func (s *subscriptionDriver) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessage, error) {
 	var all []*pubsubpb.ReceivedMessage
 	seen := map[string]bool{}
 	for {
@@ -562,7 +562,7 @@ func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessag
 // subscription. Its callers have their answer already, so a failure is
 // logged: the letters stay invisible to listings until their ack deadline
 // passes.
-func (s *Subscription) releaseDead(rms []*pubsubpb.ReceivedMessage) {
+func (s *subscriptionDriver) releaseDead(rms []*pubsubpb.ReceivedMessage) {
 	if len(rms) == 0 {
 		return
 	}
@@ -583,7 +583,7 @@ func (s *Subscription) releaseDead(rms []*pubsubpb.ReceivedMessage) {
 	}
 }
 
-func (s *Subscription) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
+func (s *subscriptionDriver) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
 	pm := rm.GetMessage()
 	m := s.fromMessage(pm)
 	dl := adapters.DeadLetter{DeadAt: m.PublishTime}
@@ -624,7 +624,7 @@ func (s *Subscription) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadL
 // oldest first. It pulls them and returns them to the subscription at once
 // (ModifyAckDeadline 0), so it sees only letters no other call is holding,
 // and a listing racing another reader may miss some.
-func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	rms, err := s.pullDead(ctx)
 	if err != nil {
 		return nil, err
@@ -645,7 +645,7 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 // not-before time, after everything published meanwhile; then removes them
 // from the dead letters. It returns how many were redriven. A redriven
 // message reaches every subscription of the topic, not only this one.
-func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
 	rms, err := s.pullDead(ctx)
 	if err != nil {
 		return 0, err
@@ -684,4 +684,4 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 }
 
 // Name returns the subscription's ID (adapters.Namer).
-func (s *Subscription) Name() string { return shortID(s.name) }
+func (s *subscriptionDriver) Name() string { return shortID(s.name) }

@@ -150,7 +150,7 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 			client.TopicAdminClient.DeleteTopic(dctx, &pubsubpb.DeleteTopicRequest{Topic: topicName(client.Project(), tp)})
 		}
 	}()
-	topic, err := OpenTopic(ctx, client, topicID, nil)
+	topic, err := openTopic(ctx, client, topicID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 	p.Close(ctx)
 	topic.Close()
 
-	sub, err := OpenSubscription(ctx, client, subID, opts)
+	sub, err := openSubscription(ctx, client, subID, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +213,7 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 	}
 	dur := time.Since(start)
 	cancel()
-	s.Shutdown(ctx)
-	s.Close()
+	s.Close(ctx)
 	if bad > 0 || done.Load() != int64(n) {
 		t.Fatalf("handled %d of %d, %d out of order", done.Load(), n, bad)
 	}
@@ -280,7 +279,7 @@ func idleRound(t *testing.T, client *gpubsub.Client, n int, old bool) []time.Dur
 			client.TopicAdminClient.DeleteTopic(dctx, &pubsubpb.DeleteTopicRequest{Topic: topicName(client.Project(), tp)})
 		}
 	}()
-	sub, err := OpenSubscription(ctx, client, subID, opts)
+	sub, err := openSubscription(ctx, client, subID, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +317,6 @@ func idleRound(t *testing.T, client *gpubsub.Client, n int, old bool) []time.Dur
 	}
 	pub.Stop()
 	cancel()
-	s.Shutdown(ctx)
-	s.Close()
+	s.Close(ctx)
 	return out
 }

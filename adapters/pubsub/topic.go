@@ -16,20 +16,20 @@ import (
 
 var errBadHeader = errors.New("pubsub: invalid header")
 
-// Topic is the adapters.Topic driver of a Pub/Sub topic.
-type Topic struct {
+// topicDriver is the adapters.Topic driver of a Pub/Sub topic.
+type topicDriver struct {
 	client    *gpubsub.Client
 	pub       *gpubsub.Publisher
 	ownClient bool
 	log       *slog.Logger
 }
 
-var _ adapters.Topic = (*Topic)(nil)
+var _ adapters.Topic = (*topicDriver)(nil)
 
-// OpenTopic returns a publishing driver for topicID (an ID in the client's
+// openTopic returns a publishing driver for topicID (an ID in the client's
 // project or a full projects/p/topics/t name). The topic must exist (see
 // CreateTopic). The client stays the caller's: Close does not close it.
-func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts *TopicOptions) (*Topic, error) {
+func openTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts *TopicOptions) (*topicDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pubsub.OpenTopic: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -42,7 +42,7 @@ func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts
 	if opts != nil && opts.Logger != nil {
 		log = opts.Logger
 	}
-	return &Topic{client: client, pub: pub, log: log}, nil
+	return &topicDriver{client: client, pub: pub, log: log}, nil
 }
 
 // toPubSub converts a driver message, carrying the key natively and the ID
@@ -75,7 +75,7 @@ func toPubSub(m *adapters.Message) (*gpubsub.Message, error) {
 // owns pausing (it pauses the key itself and lets the application resume
 // it), so SendBatch resumes the key in the client library before it returns
 // the error: the library's pause never outlives the batch that caused it.
-func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 // Limits returns Pub/Sub's limits: keys of at most 1024 bytes of UTF-8,
 // payloads of MaxPayloadBytes (the 10 MB request limit less room for
 // attributes and the key), 1000 messages per batch.
-func (t *Topic) Limits() adapters.Limits {
+func (t *topicDriver) Limits() adapters.Limits {
 	return adapters.Limits{
 		Backend:          "pubsub",
 		MaxKeyBytes:      MaxKeyBytes,
@@ -130,7 +130,7 @@ func (t *Topic) Limits() adapters.Limits {
 const MaxAttributes = 100
 
 // checkHeaders rejects header names Pub/Sub reserves.
-func checkHeaders(m *adapters.Message) error {
+func checkHeaders(m *keyorder.Message) error {
 	for k := range m.Headers {
 		if strings.HasPrefix(strings.ToLower(k), "goog") {
 			return fmt.Errorf("header name %q: Pub/Sub reserves the goog prefix", k)
@@ -141,14 +141,14 @@ func checkHeaders(m *adapters.Message) error {
 
 // IsRetryable reports whether err is a transient gRPC status (Unavailable,
 // DeadlineExceeded from the service, ResourceExhausted, Aborted, Internal).
-func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+func (t *topicDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err by its gRPC status code.
-func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close flushes and stops the publisher, and closes the client if the
 // driver opened it (URL opener).
-func (t *Topic) Close() error {
+func (t *topicDriver) Close() error {
 	t.pub.Stop()
 	if t.ownClient {
 		return t.client.Close()

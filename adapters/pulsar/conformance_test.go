@@ -55,7 +55,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 		Ordering: spec.Ordering, Lease: spec.LeaseDuration,
 		AdminURL: os.Getenv("KEYORDER_PULSAR_ADMIN_URL"),
 	}
-	topic, err := pulsar.OpenTopic(ctx, h.client, topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, h.client, topicName, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +64,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
 			c := newClient(t)
-			return pulsar.OpenSubscription(ctx, c, topicName, "s", opts)
+			return pulsar.OpenSubscriptionDriver(ctx, c, topicName, "s", opts)
 		},
 	}, nil
 }

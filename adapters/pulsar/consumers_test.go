@@ -30,11 +30,11 @@ func TestKilledConsumerKeysMove(t *testing.T) {
 	topicName := uniqueTopic("killed")
 	opts := &pulsar.SubscriptionOptions{Ordering: policy.Ordered}
 	crashClient := newClient(t)
-	crashed, err := pulsar.OpenSubscription(ctx, crashClient, topicName, "s", opts)
+	crashed, err := pulsar.OpenSubscriptionDriver(ctx, crashClient, topicName, "s", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	topic, err := pulsar.OpenTopic(ctx, newClient(t), topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, newClient(t), topicName, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestKilledConsumerKeysMove(t *testing.T) {
 	}
 
 	// The survivor attaches while the crashing consumer holds message 0.
-	survivor, err := pulsar.OpenSubscription(ctx, newClient(t), topicName, "s", opts)
+	survivor, err := pulsar.OpenSubscriptionDriver(ctx, newClient(t), topicName, "s", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 		done   chan struct{}
 	}
 	start := func() *proc {
-		drv, err := pulsar.OpenSubscription(ctx, newClient(t), topicName, "s",
+		drv, err := pulsar.OpenSubscriptionDriver(ctx, newClient(t), topicName, "s",
 			&pulsar.SubscriptionOptions{Ordering: policy.Ordered, ReceiverQueueSize: 50})
 		if err != nil {
 			t.Fatal(err)
@@ -186,7 +186,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	}
 	p1, _ := start(), start()
 
-	topic, err := pulsar.OpenTopic(ctx, newClient(t), topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, newClient(t), topicName, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +219,8 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	// The first leaves gracefully: running handlers finish, what it holds
 	// returns to the broker when it disconnects.
 	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-	if err := p1.sub.Shutdown(sctx); err != nil {
-		t.Errorf("shutdown: %v", err)
+	if err := p1.sub.Close(sctx); err != nil {
+		t.Errorf("close: %v", err)
 	}
 	scancel()
 	<-p1.done

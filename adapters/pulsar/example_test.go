@@ -25,7 +25,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "pulsar://broker:6650/public/default/ledger?admin=http://broker:8080", nil)
 	if err != nil {

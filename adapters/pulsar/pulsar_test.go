@@ -83,7 +83,7 @@ func TestProveWhyKeyorderRetriesBeforeSuccessors(t *testing.T) {
 	client := newClient(t)
 	ctx := context.Background()
 	topicName := uniqueTopic("why")
-	drv, err := pulsar.OpenSubscription(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
+	drv, err := pulsar.OpenSubscriptionDriver(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestProveWhyKeyorderRetriesBeforeSuccessors(t *testing.T) {
 			}
 			return nil
 		})
-	topic, err := pulsar.OpenTopic(ctx, client, topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, client, topicName, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestDefaultBatcherNeverUsed(t *testing.T) {
 		{ProducerOptions: &gopulsar.ProducerOptions{}},
 		{ProducerOptions: &gopulsar.ProducerOptions{BatcherBuilderType: gopulsar.DefaultBatchBuilder, BatchingMaxMessages: 100}},
 	} {
-		if _, err := pulsar.OpenTopic(ctx, client, topicName, opts); !errors.Is(err, pulsar.ErrDefaultBatcher) || !errors.Is(err, keyorder.ErrInvalidConfig) {
+		if _, err := pulsar.OpenTopicDriver(ctx, client, topicName, opts); !errors.Is(err, pulsar.ErrDefaultBatcher) || !errors.Is(err, keyorder.ErrInvalidConfig) {
 			t.Errorf("OpenTopic(%+v) = %v, want ErrDefaultBatcher", opts.ProducerOptions, err)
 		}
 	}
@@ -192,7 +192,7 @@ func TestDefaultBatcherNeverUsed(t *testing.T) {
 		{ProducerOptions: &gopulsar.ProducerOptions{DisableBatching: true}},
 		{ProducerOptions: &gopulsar.ProducerOptions{BatcherBuilderType: gopulsar.KeyBasedBatchBuilder}},
 	} {
-		tp, err := pulsar.OpenTopic(ctx, client, topicName, opts)
+		tp, err := pulsar.OpenTopicDriver(ctx, client, topicName, opts)
 		if err != nil {
 			t.Errorf("OpenTopic(%+v) = %v", opts, err)
 			continue
@@ -262,7 +262,7 @@ func TestBadInputNothingSent(t *testing.T) {
 	client := newClient(t)
 	ctx := context.Background()
 	topicName := uniqueTopic("bad")
-	topic, err := pulsar.OpenTopic(ctx, client, topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, client, topicName, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,24 +301,24 @@ func TestSubscriptionTypeMismatch(t *testing.T) {
 	ctx := context.Background()
 	topicName := uniqueTopic("mismatch")
 	admin := os.Getenv("KEYORDER_PULSAR_ADMIN_URL")
-	ordered, err := pulsar.OpenSubscription(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
+	ordered, err := pulsar.OpenSubscriptionDriver(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// With the ordered consumer attached the broker refuses a Shared one.
-	_, err = pulsar.OpenSubscription(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Parallel})
+	_, err = pulsar.OpenSubscriptionDriver(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Parallel})
 	if !errors.Is(err, pulsar.ErrOrderingMismatch) || ordered.ErrorCode(err) != keyorder.CodeFailedPrecondition {
 		t.Fatalf("parallel while ordered attached = %v, want ErrOrderingMismatch", err)
 	}
 	ordered.Close()
 	// With nobody attached, the admin API tells (the policy property).
 	for _, o := range []policy.Ordering{policy.Parallel, policy.Exclusive} {
-		_, err = pulsar.OpenSubscription(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: o, AdminURL: admin})
+		_, err = pulsar.OpenSubscriptionDriver(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: o, AdminURL: admin})
 		if !errors.Is(err, pulsar.ErrOrderingMismatch) || ordered.ErrorCode(err) != keyorder.CodeFailedPrecondition {
 			t.Fatalf("%v after ordered = %v, want ErrOrderingMismatch", o, err)
 		}
 	}
-	again, err := pulsar.OpenSubscription(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered, AdminURL: admin})
+	again, err := pulsar.OpenSubscriptionDriver(ctx, client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered, AdminURL: admin})
 	if err != nil {
 		t.Fatalf("reopen ordered: %v", err)
 	}
@@ -370,12 +370,12 @@ func TestDeadLetterTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	topicName := uniqueTopic("dlq")
-	drv, err := pulsar.OpenSubscription(ctx, client, topicName, "apply", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
+	drv, err := pulsar.OpenSubscriptionDriver(ctx, client, topicName, "apply", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer drv.Close()
-	topic, err := pulsar.OpenTopic(ctx, client, topicName, nil)
+	topic, err := pulsar.OpenTopicDriver(ctx, client, topicName, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,9 +99,9 @@ func (d *delivery) lost() bool {
 	}
 }
 
-// Subscription is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the adapters.Subscription driver of one consumer of a
 // Pulsar subscription (see the package documentation for leases).
-type Subscription struct {
+type subscriptionDriver struct {
 	client    pulsar.Client
 	topic     string
 	name      string
@@ -120,20 +120,20 @@ type Subscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*Subscription)(nil)
-	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ adapters.Subscription    = (*subscriptionDriver)(nil)
+	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 // DeadLetterTopic returns the dead-letter topic of subscription sub on
 // topic: <topic>-<sub>-dead.
 func DeadLetterTopic(topic, sub string) string { return topic + "-" + sub + "-dead" }
 
-// OpenSubscription subscribes to subscription sub of topic (created if
+// openSubscription subscribes to subscription sub of topic (created if
 // missing, with the policy recorded in its properties) and returns its
 // consuming driver. An existing subscription of another type fails with
 // ErrOrderingMismatch. The client stays the caller's: Close does not close
 // it.
-func OpenSubscription(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions) (*Subscription, error) {
+func openSubscription(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pulsar.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -151,7 +151,7 @@ func OpenSubscription(ctx context.Context, client pulsar.Client, topic, sub stri
 			return nil, err
 		}
 	}
-	s := &Subscription{
+	s := &subscriptionDriver{
 		client: client, topic: topic, name: sub, deadTopic: DeadLetterTopic(topic, sub),
 		opts: o, tracked: map[*delivery]struct{}{}, stop: make(chan struct{}),
 	}
@@ -163,7 +163,7 @@ func OpenSubscription(ctx context.Context, client pulsar.Client, topic, sub stri
 	return s, nil
 }
 
-func (s *Subscription) consumerOptions() pulsar.ConsumerOptions {
+func (s *subscriptionDriver) consumerOptions() pulsar.ConsumerOptions {
 	zero := int64(0)
 	co := pulsar.ConsumerOptions{
 		Topic:                          s.topic,
@@ -188,7 +188,7 @@ func (s *Subscription) consumerOptions() pulsar.ConsumerOptions {
 }
 
 // current returns the live consumer, subscribing when there is none.
-func (s *Subscription) current() (*generation, error) {
+func (s *subscriptionDriver) current() (*generation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -208,7 +208,7 @@ func (s *Subscription) current() (*generation, error) {
 // Receive waits for at least one message or ctx, and returns at most
 // maxMessages of those the client has prefetched, in arrival order (a key's
 // messages arrive in key order).
-func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
 		maxMessages = s.opts.MaxBatch
 	}
@@ -240,7 +240,7 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 	}
 }
 
-func (s *Subscription) track(g *generation, pm pulsar.Message) *adapters.Message {
+func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *adapters.Message {
 	m := fromMessage(pm)
 	d := &delivery{id: pm.ID(), gen: g, deadline: time.Now().Add(s.opts.Lease)}
 	m.AckID = d
@@ -294,7 +294,7 @@ func deliveryOf(m *adapters.Message) (*delivery, error) {
 	return d, nil
 }
 
-func (s *Subscription) untrack(d *delivery) {
+func (s *subscriptionDriver) untrack(d *delivery) {
 	s.mu.Lock()
 	delete(s.tracked, d)
 	s.mu.Unlock()
@@ -303,7 +303,7 @@ func (s *Subscription) untrack(d *delivery) {
 // Ack acknowledges ms (batch members individually: batch index
 // acknowledgment is on). A message whose consumer was given up fails with
 // a lost-consumer error: the broker redelivers it.
-func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
 	ds := make([]*delivery, len(ms))
 	var first error
 	s.mu.Lock()
@@ -339,7 +339,7 @@ func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 // Nack negatively acknowledges m: the broker redelivers it after the
 // driver's short nack delay, counting the attempt, but AFTER its key's
 // later messages. The subscribe package never calls it (no native hold).
-func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	d, err := deliveryOf(m)
 	if err != nil {
 		return err
@@ -357,7 +357,7 @@ func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 // broker redelivers them in position order, before their keys' later
 // messages, without counting an attempt. A nack would count one and replay
 // them out of order.
-func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
 	for _, m := range ms {
 		d, err := deliveryOf(m)
 		if err != nil {
@@ -370,7 +370,7 @@ func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) erro
 
 // ExtendLeases renews the leases of ms and returns those whose consumer
 // the watchdog already gave up (the broker redelivers them).
-func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
 	now := time.Now()
 	var lost []*adapters.Message
 	for _, m := range ms {
@@ -393,7 +393,7 @@ func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message)
 // taking from it, nacks the expired messages (so the broker counts the
 // attempt; a disconnect alone does not), then closes it (so the broker
 // moves its keys and redelivers its unacknowledged messages).
-func (s *Subscription) watchdog() {
+func (s *subscriptionDriver) watchdog() {
 	defer s.wg.Done()
 	t := time.NewTicker(max(s.opts.Lease/4, 10*time.Millisecond))
 	defer t.Stop()
@@ -453,7 +453,7 @@ func truncateUTF8(s string, n int) string {
 }
 
 // producers returns the dead-letter and topic producers, made on first use.
-func (s *Subscription) producers() (dead, topic pulsar.Producer, err error) {
+func (s *subscriptionDriver) producers() (dead, topic pulsar.Producer, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -478,7 +478,7 @@ func (s *Subscription) producers() (dead, topic pulsar.Producer, err error) {
 // headers, ID and keyorder-reason, keyorder-attempts and keyorder-dead-at,
 // then acknowledges it. If the acknowledgement fails, m may be
 // dead-lettered twice.
-func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
 	if _, err := deliveryOf(m); err != nil {
 		return err
 	}
@@ -501,7 +501,7 @@ func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reas
 
 // Capabilities: the subscription's policy, no native hold, the driver's
 // lease.
-func (s *Subscription) Capabilities() adapters.Capabilities {
+func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{
 		Ordering:      s.opts.Ordering,
 		NativeHold:    false,
@@ -511,15 +511,15 @@ func (s *Subscription) Capabilities() adapters.Capabilities {
 }
 
 // IsRetryable reports whether err is transient.
-func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
+func (s *subscriptionDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err.
-func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (s *subscriptionDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close closes the consumer: the broker redelivers its unacknowledged
 // messages to the subscription's other consumers, in position order. It
 // closes the client if the driver opened it (URL opener).
-func (s *Subscription) Close() error {
+func (s *subscriptionDriver) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -548,7 +548,7 @@ func (s *Subscription) Close() error {
 
 // readDead reads the whole dead-letter topic: the dead letters not redriven
 // since, oldest first, with the message to republish.
-func (s *Subscription) readDead(ctx context.Context) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) readDead(ctx context.Context) ([]adapters.DeadLetter, error) {
 	r, err := s.client.CreateReader(pulsar.ReaderOptions{Topic: s.deadTopic, StartMessageID: pulsar.EarliestMessageID()})
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: reader of %s: %w", s.deadTopic, err)
@@ -610,7 +610,7 @@ func deadLetterOf(pm pulsar.Message) adapters.DeadLetter {
 
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
 // first, reading <topic>-<subscription>-dead from its start.
-func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	dls, err := s.readDead(ctx)
 	if err != nil {
 		return nil, err
@@ -626,7 +626,7 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 // everything published meanwhile, and marks each redriven on the
 // dead-letter topic. A redriven message reaches every subscription of the
 // topic, not only this one.
-func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
 	dls, err := s.readDead(ctx)
 	if err != nil {
 		return 0, err
@@ -662,4 +662,4 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 }
 
 // Name returns the subscription's name (Delivery.Subscription).
-func (s *Subscription) Name() string { return s.name }
+func (s *subscriptionDriver) Name() string { return s.name }

@@ -64,21 +64,21 @@ func (o *TopicOptions) producerOptions(topic string) (pulsar.ProducerOptions, er
 	return po, nil
 }
 
-// Topic is the adapters.Topic driver of a Pulsar topic: one producer.
-type Topic struct {
+// topicDriver is the adapters.Topic driver of a Pulsar topic: one producer.
+type topicDriver struct {
 	client    pulsar.Client
 	producer  pulsar.Producer
 	maxMsg    int
 	ownClient bool
 }
 
-var _ adapters.Topic = (*Topic)(nil)
+var _ adapters.Topic = (*topicDriver)(nil)
 
-// OpenTopic returns a publishing driver for topic (a full name,
+// openTopic returns a publishing driver for topic (a full name,
 // persistent://tenant/namespace/topic, or a short one the client resolves
 // in public/default). The client stays the caller's: Close does not close
 // it. It fails with ErrDefaultBatcher if opts ask for the default batcher.
-func OpenTopic(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions) (*Topic, error) {
+func openTopic(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions) (*topicDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pulsar.OpenTopic: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -94,7 +94,7 @@ func OpenTopic(ctx context.Context, client pulsar.Client, topic string, opts *To
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: producer for %s: %w", topic, err)
 	}
-	return &Topic{client: client, producer: p, maxMsg: maxMsg}, nil
+	return &topicDriver{client: client, producer: p, maxMsg: maxMsg}, nil
 }
 
 // toProducerMessage converts a driver message: the key as key and ordering
@@ -128,7 +128,7 @@ func toProducerMessage(m *adapters.Message) (*pulsar.ProducerMessage, error) {
 // share batches of that key only. A failure of any message fails the
 // batch (a prefix may have been sent: the portable layer may send it twice,
 // never lose it).
-func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func sendAll(ctx context.Context, p pulsar.Producer, pms []*pulsar.ProducerMessa
 // Limits returns the broker's limits as configured: keys of at most
 // MaxKeyBytes, payloads of the broker's maximum message size less
 // MetadataRoom, MaxBatchMessages per batch.
-func (t *Topic) Limits() adapters.Limits {
+func (t *topicDriver) Limits() adapters.Limits {
 	return adapters.Limits{
 		Backend:          "pulsar",
 		MaxKeyBytes:      MaxKeyBytes,
@@ -182,14 +182,14 @@ func (t *Topic) Limits() adapters.Limits {
 
 // IsRetryable reports whether err is transient (timeouts, connection and
 // lookup failures, full queues, quota back-pressure).
-func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+func (t *topicDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err by the client's Result.
-func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close flushes and closes the producer, and the client if the driver
 // opened it (URL opener).
-func (t *Topic) Close() error {
+func (t *topicDriver) Close() error {
 	t.producer.Close()
 	if t.ownClient {
 		t.client.Close()

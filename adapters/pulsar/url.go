@@ -255,7 +255,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	t, err := OpenTopic(ctx, client, p.topic, &p.topicO)
+	t, err := openTopic(ctx, client, p.topic, &p.topicO)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -281,7 +281,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	s, err := OpenSubscription(ctx, client, p.topic, p.sub, &p.subO)
+	s, err := openSubscription(ctx, client, p.topic, p.sub, &p.subO)
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -58,7 +58,7 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteQueues(client, q) })
-	topic, err := sqs.OpenTopic(ctx, client, q, nil)
+	topic, err := sqs.OpenTopicDriver(ctx, client, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 	next := 0
 	start := func() *proc {
 		next++
-		drv, err := sqs.OpenSubscription(ctx, client, processURL(t, q, next), opts)
+		drv, err := sqs.OpenSubscriptionDriver(ctx, client, processURL(t, q, next), opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,8 +144,8 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 	stop := func(p *proc) {
 		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := p.sub.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
+		if err := p.sub.Close(sctx); err != nil {
+			t.Errorf("close: %v", err)
 		}
 		if err := <-p.done; err != nil {
 			t.Errorf("run: %v", err)
@@ -235,7 +235,7 @@ func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
 				t.Fatalf("received %v, want %v", names, want)
 			}
 			// The consumer dies; another one takes over after the lease.
-			sub, err := sqs.OpenSubscription(t.Context(), client, processURL(t, q, 2), opts)
+			sub, err := sqs.OpenSubscriptionDriver(t.Context(), client, processURL(t, q, 2), opts)
 			if err != nil {
 				t.Fatal(err)
 			}

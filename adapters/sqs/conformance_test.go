@@ -59,14 +59,14 @@ func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec int
 		return nil, err
 	}
 	t.Cleanup(func() { deleteQueues(client, qurl) })
-	topic, err := sqs.OpenTopic(ctx, client, qurl, nil)
+	topic, err := sqs.OpenTopicDriver(ctx, client, qurl, nil)
 	if err != nil {
 		return nil, err
 	}
 	return &integration.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
-			return sqs.OpenSubscription(ctx, client, qurl, opts)
+			return sqs.OpenSubscriptionDriver(ctx, client, qurl, opts)
 		},
 	}, nil
 }

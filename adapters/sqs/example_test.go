@@ -27,7 +27,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "sqs://ledger.fifo?region=eu-west-1&ordering=ordered", nil)
 	if err != nil {

@@ -67,7 +67,7 @@ func failing(t *testing.T, op string) *awssqs.Client {
 func TestFailedHoldIsLogged(t *testing.T) {
 	_, q, topic, _ := open(t, policy.Ordered, 30*time.Second)
 	var logs syncBuffer
-	sub, err := sqs.OpenSubscription(t.Context(), failing(t, "ChangeMessageVisibility"), q, &sqs.Options{
+	sub, err := sqs.OpenSubscriptionDriver(t.Context(), failing(t, "ChangeMessageVisibility"), q, &sqs.Options{
 		Ordering: policy.Ordered, WaitTime: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})

@@ -711,7 +711,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, err
 	}
-	return OpenTopic(ctx, client, qurl, &c.opts)
+	return openTopic(ctx, client, qurl, &c.opts)
 }
 
 // OpenSubscriptionURL opens sqs://QUEUE.fifo?..., creating the queue if
@@ -730,7 +730,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, err
 	}
-	return OpenSubscription(ctx, client, qurl, &c.opts)
+	return openSubscription(ctx, client, qurl, &c.opts)
 }
 
 // queueNameOf returns the last path element of a queue URL.

@@ -87,11 +87,11 @@ func openWith(t *testing.T, opts *sqs.Options) (*awssqs.Client, string, *sqs.Top
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteQueues(client, q) })
-	topic, err := sqs.OpenTopic(ctx, client, q, nil)
+	topic, err := sqs.OpenTopicDriver(ctx, client, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := sqs.OpenSubscription(ctx, client, q, opts)
+	sub, err := sqs.OpenSubscriptionDriver(ctx, client, q, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,9 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Subscription is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the adapters.Subscription driver of one consumer of a
 // FIFO queue.
-type Subscription struct {
+type subscriptionDriver struct {
 	client   *sqs.Client
 	queueURL string
 	deadName string
@@ -43,8 +43,8 @@ type Subscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*Subscription)(nil)
-	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ adapters.Subscription    = (*subscriptionDriver)(nil)
+	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 var errClosed = errors.New("sqs: subscription driver closed")
@@ -59,11 +59,11 @@ type delivery struct {
 	seq     string // SequenceNumber, a decimal
 }
 
-// OpenSubscription returns a consuming driver for the FIFO queue at
+// openSubscription returns a consuming driver for the FIFO queue at
 // queueURL. opts.Ordering must match the queue's keyorder-ordering tag;
 // opts.Visibility is the lease and opts.WaitTime the long-poll wait. The
 // client stays the caller's.
-func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*Subscription, error) {
+func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*subscriptionDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: sqs.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -75,7 +75,7 @@ func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	if _, err := queueOrdering(ctx, client, queueURL, &o.Ordering); err != nil {
 		return nil, err
 	}
-	return &Subscription{
+	return &subscriptionDriver{
 		client: client, queueURL: queueURL, deadName: dead,
 		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
 		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
@@ -122,7 +122,7 @@ func (b *book) forget(id string) {
 	delete(b.n, id) // its slot in order is reused when it comes round
 }
 
-func (s *Subscription) isClosed() bool {
+func (s *subscriptionDriver) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
@@ -143,7 +143,7 @@ const receiveTimeout = 15 * time.Second
 // attempt). Once one call returns a message, maxMessages-1 more calls
 // without wait run at once, each taking the head of another group (SQS
 // hands out nothing of a group with a message in flight).
-func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
 	heads := s.ordering == policy.Ordered && !s.oldestFirst
 	for {
@@ -194,7 +194,7 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 // moreHeads receives up to n more messages, one per call, n calls at once,
 // without waiting. A failing call is logged; the messages of the others are
 // returned.
-func (s *Subscription) moreHeads(ctx context.Context, n int) []types.Message {
+func (s *subscriptionDriver) moreHeads(ctx context.Context, n int) []types.Message {
 	var mu sync.Mutex
 	var out []types.Message
 	var wg sync.WaitGroup
@@ -214,7 +214,7 @@ func (s *Subscription) moreHeads(ctx context.Context, n int) []types.Message {
 	return out
 }
 
-func (s *Subscription) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
+func (s *subscriptionDriver) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+receiveTimeout)
 	defer cancel()
 	out, err := s.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
@@ -247,7 +247,7 @@ func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
 // returns the rest with each group's messages consecutive, in order. What it
 // cannot hand back (a failed hold or put-back) it logs: the messages then
 // stay in flight until their visibility timeout, holding their groups.
-func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
+func (s *subscriptionDriver) admit(raw []types.Message) []*adapters.Message {
 	now := time.Now()
 	held := map[string]bool{}
 	seen := map[string]bool{}
@@ -287,7 +287,7 @@ func (s *Subscription) admit(raw []types.Message) []*adapters.Message {
 }
 
 // putBack releases messages the subscriber never saw, logging a failure.
-func (s *Subscription) putBack(ms []*adapters.Message, why string) {
+func (s *subscriptionDriver) putBack(ms []*adapters.Message, why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
 	defer cancel()
 	if err := s.Release(ctx, ms); err != nil {
@@ -324,7 +324,7 @@ func compareSeq(a, b string) int {
 // room is left; it puts the rest back. A chain tail thus never takes the
 // place of another group's head, and groups go oldest first as far as one
 // receive shows them.
-func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
+func (s *subscriptionDriver) fit(ms []*adapters.Message, n int) []*adapters.Message {
 	if len(ms) == 0 {
 		return ms
 	}
@@ -374,7 +374,7 @@ func (s *Subscription) fit(ms []*adapters.Message, n int) []*adapters.Message {
 
 // decode converts a received message. tail reports that an earlier message
 // of its group came in the same receive (see attempt).
-func (s *Subscription) decode(rm *types.Message, tail bool) *adapters.Message {
+func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *adapters.Message {
 	d := &delivery{
 		receipt: aws.ToString(rm.ReceiptHandle),
 		sqsID:   aws.ToString(rm.MessageId),
@@ -444,7 +444,7 @@ func (s *Subscription) decode(rm *types.Message, tail bool) *adapters.Message {
 // this rule is a group head put back unrun by another process (a graceful
 // shutdown's pending messages, an OldestFirst surplus): see Delivery
 // semantics in the package documentation.
-func (s *Subscription) attempt(rm *types.Message, m *adapters.Message, tail bool) int {
+func (s *subscriptionDriver) attempt(rm *types.Message, m *adapters.Message, tail bool) int {
 	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
 	if tail && s.ordering == policy.Ordered {
 		return prior + 1
@@ -461,7 +461,7 @@ func (s *Subscription) attempt(rm *types.Message, m *adapters.Message, tail bool
 }
 
 // Ack deletes messages with DeleteMessageBatch.
-func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
 	var errs []error
 	for start := 0; start < len(ms); start += MaxBatchMessages {
 		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
@@ -496,7 +496,7 @@ func (s *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 // deletes m: the group's later messages run meanwhile, and the copy is
 // held when it is received early. If the delete fails after the copy was
 // sent, m comes back too (at least once).
-func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	d := m.AckID.(*delivery)
 	if s.ordering == policy.Exclusive && m.Key != "" {
 		return s.requeue(ctx, m, delay)
@@ -511,7 +511,7 @@ func (s *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 	return nil
 }
 
-func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) requeue(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	d := m.AckID.(*delivery)
 	attrs := make(map[string]types.MessageAttributeValue, len(d.attrs)+2)
 	for k, v := range d.attrs {
@@ -544,7 +544,7 @@ func (s *Subscription) requeue(ctx context.Context, m *adapters.Message, delay t
 // flight (only earlier ones in flight block it), so making the first
 // visible first would let another consumer receive it alone, and the rest
 // of its group separately, later.
-func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
 	rev := make([]*adapters.Message, len(ms))
 	for i, m := range ms {
 		s.book.add(m.AckID.(*delivery).sqsID)
@@ -557,7 +557,7 @@ func (s *Subscription) Release(ctx context.Context, ms []*adapters.Message) erro
 // changeVisibility sets the visibility of ms in batches, in order, and
 // returns the messages SQS refused as sender faults (not in flight, receipt
 // handle invalid) and an error for the rest.
-func (s *Subscription) changeVisibility(ctx context.Context, ms []*adapters.Message, vis time.Duration) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) changeVisibility(ctx context.Context, ms []*adapters.Message, vis time.Duration) ([]*adapters.Message, error) {
 	var refused []*adapters.Message
 	var errs []error
 	for start := 0; start < len(ms); start += MaxBatchMessages {
@@ -592,11 +592,11 @@ func (s *Subscription) changeVisibility(ctx context.Context, ms []*adapters.Mess
 
 // ExtendLeases sets the messages' visibility to the lease again. Those SQS
 // refuses (receipt handle invalid, message not in flight) are lost.
-func (s *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
 	return s.changeVisibility(ctx, ms, s.lease)
 }
 
-func (s *Subscription) deadQueue(ctx context.Context) (string, error) {
+func (s *subscriptionDriver) deadQueue(ctx context.Context) (string, error) {
 	s.mu.Lock()
 	u := s.deadURL
 	s.mu.Unlock()
@@ -615,7 +615,7 @@ func (s *Subscription) deadQueue(ctx context.Context) (string, error) {
 
 // DeadLetter sends m to the dead-letter queue (same group, with reason,
 // attempts and time) and then deletes it from the queue.
-func (s *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
 	if s.isClosed() {
 		return errClosed
 	}
@@ -689,7 +689,7 @@ const maxDeadScan = 10_000
 // attempts, time); only their SQS message IDs change. A walk interrupted
 // between a copy and the delete of its original leaves a duplicate, which
 // the next walk deletes.
-func (s *Subscription) walkDead(ctx context.Context, dq string, take func(dm deadMessage) (bool, error)) ([]deadMessage, error) {
+func (s *subscriptionDriver) walkDead(ctx context.Context, dq string, take func(dm deadMessage) (bool, error)) ([]deadMessage, error) {
 	prefix := "walk-" + randomID() + "-"
 	type key struct {
 		id string
@@ -755,7 +755,7 @@ func (s *Subscription) walkDead(ctx context.Context, dq string, take func(dm dea
 }
 
 // deadOf converts a received dead letter.
-func (s *Subscription) deadOf(rm types.Message) deadMessage {
+func (s *subscriptionDriver) deadOf(rm types.Message) deadMessage {
 	m := s.decode(&rm, false)
 	dm := deadMessage{rm: rm}
 	dm.dl.Message = *m
@@ -770,7 +770,7 @@ func (s *Subscription) deadOf(rm types.Message) deadMessage {
 // moveDead sends copies of received dead letters to the end of their groups,
 // in order, with deduplication IDs prefix+n..., and deletes the originals
 // whose copy was stored. What it could not move goes back (visible again).
-func (s *Subscription) moveDead(ctx context.Context, dq string, rms []types.Message, prefix string, n int) error {
+func (s *subscriptionDriver) moveDead(ctx context.Context, dq string, rms []types.Message, prefix string, n int) error {
 	entries := make([]types.SendMessageBatchRequestEntry, len(rms))
 	for i, rm := range rms {
 		entries[i] = types.SendMessageBatchRequestEntry{
@@ -806,7 +806,7 @@ func (s *Subscription) moveDead(ctx context.Context, dq string, rms []types.Mess
 
 // releaseDead makes received dead letters visible again, last first (see
 // Release).
-func (s *Subscription) releaseDead(dq string, rms []types.Message) error {
+func (s *subscriptionDriver) releaseDead(dq string, rms []types.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
@@ -831,7 +831,7 @@ func (s *Subscription) releaseDead(dq string, rms []types.Message) error {
 // dead letter of the dead-letter queue (see walkDead: each is moved to the
 // end of its group, in order), so a concurrent DeadLetters or Redrive call
 // (in any process) may miss the ones being listed for that moment.
-func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
 	if s.isClosed() {
 		return nil, errClosed
 	}
@@ -857,7 +857,7 @@ func (s *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.D
 // group's in the order they died, behind everything queued meanwhile in
 // their group (with a new deduplication ID and a fresh attempt count), and
 // deletes them from the dead-letter queue. It stops at the first failure.
-func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
 	if s.isClosed() {
 		return 0, errClosed
 	}
@@ -898,19 +898,19 @@ func (s *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 }
 
 // Capabilities describes the subscription: SQS holds groups natively.
-func (s *Subscription) Capabilities() adapters.Capabilities {
+func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{Ordering: s.ordering, NativeHold: true, LeaseDuration: s.lease, MaxBatch: MaxBatchMessages}
 }
 
 // IsRetryable reports whether err is transient.
-func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
+func (s *subscriptionDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err.
-func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (s *subscriptionDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close marks the driver closed; unsettled messages come back when their
 // visibility timeout expires. The client stays the caller's.
-func (s *Subscription) Close() error {
+func (s *subscriptionDriver) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -919,4 +919,4 @@ func (s *Subscription) Close() error {
 
 // Name returns the queue's name, which is the subscription's
 // (adapters.Namer).
-func (s *Subscription) Name() string { return queueNameOf(s.queueURL) }
+func (s *subscriptionDriver) Name() string { return queueNameOf(s.queueURL) }

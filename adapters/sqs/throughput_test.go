@@ -82,7 +82,7 @@ func throughput(t *testing.T, n int, opts *sqs.Options) {
 	}
 	subDur := time.Since(start)
 	cancel()
-	s.Shutdown(context.Background())
+	s.Close(context.Background())
 	t.Logf("%d messages over %d keys: publish %.0f msgs/s (%v), handle %.0f msgs/s (%v), out of order %d",
 		n, keys, float64(n)/pubDur.Seconds(), pubDur, float64(done.Load())/subDur.Seconds(), subDur, bad)
 	if bad > 0 || done.Load() != int64(n) {

@@ -21,20 +21,20 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Topic is the adapters.Topic driver of one FIFO queue.
-type Topic struct {
+// topicDriver is the adapters.Topic driver of one FIFO queue.
+type topicDriver struct {
 	client   *sqs.Client
 	queueURL string
 	ordering policy.Ordering
 }
 
-var _ adapters.Topic = (*Topic)(nil)
+var _ adapters.Topic = (*topicDriver)(nil)
 
-// OpenTopic returns a publishing driver for the FIFO queue at queueURL. The
+// openTopic returns a publishing driver for the FIFO queue at queueURL. The
 // queue's ordering is read from its keyorder-ordering tag (Ordered when it
 // has none); opts is accepted for symmetry and may be nil. The client stays
 // the caller's.
-func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*Topic, error) {
+func openTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*topicDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: sqs.OpenTopic: nil client", keyorder.ErrInvalidConfig)
 	}
@@ -42,7 +42,7 @@ func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *O
 	if err != nil {
 		return nil, err
 	}
-	return &Topic{client: client, queueURL: queueURL, ordering: ord}, nil
+	return &topicDriver{client: client, queueURL: queueURL, ordering: ord}, nil
 }
 
 // dedupID maps an ID onto SQS's deduplication-id alphabet like GroupID.
@@ -167,7 +167,7 @@ func (e *encoded) size() int {
 // at the first failing call. Every message is checked before anything is
 // sent. When SQS fails part of a call the whole SendBatch fails, although
 // the call's other messages (and earlier calls') were stored: at least once.
-func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	es := make([]*encoded, len(ms))
 	for i, m := range ms {
 		e, err := encode(m, t.ordering)
@@ -231,7 +231,7 @@ func batchError(op string, failed []types.BatchResultErrorEntry) error {
 }
 
 // Limits returns SQS's limits as the driver applies them.
-func (t *Topic) Limits() adapters.Limits {
+func (t *topicDriver) Limits() adapters.Limits {
 	return adapters.Limits{
 		Backend:            "sqs",
 		MaxKeyBytes:        MaxKeyBytes,
@@ -247,8 +247,9 @@ func (t *Topic) Limits() adapters.Limits {
 
 // checkEncode is encode's verdict on m, for adapters.Validate: the same
 // checks SendBatch applies, run before anything is sent.
-func checkEncode(m *adapters.Message) error {
-	_, err := encode(m, policy.Ordered)
+func checkEncode(m *keyorder.Message) error {
+	am := &adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
+	_, err := encode(am, policy.Ordered)
 	if err == nil {
 		return nil
 	}
@@ -260,11 +261,11 @@ func checkEncode(m *adapters.Message) error {
 }
 
 // IsRetryable reports whether err is transient (throttling, 5xx, network).
-func (t *Topic) IsRetryable(err error) bool { return isRetryable(err) }
+func (t *topicDriver) IsRetryable(err error) bool { return isRetryable(err) }
 
 // ErrorCode classifies err.
-func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close does nothing: the client is the caller's (or the URL opener's,
 // which needs no closing).
-func (t *Topic) Close() error { return nil }
+func (t *topicDriver) Close() error { return nil }

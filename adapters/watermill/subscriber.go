@@ -112,7 +112,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err != nil {
 		return fmt.Errorf("watermill: initialize subscription for topic %q: %w", topic, err)
 	}
-	return ks.Close()
+	return ks.Close(context.Background())
 }
 
 // Subscribe opens topic's subscription and returns the channel its messages
@@ -191,7 +191,7 @@ func (r *run) loop(topic string) {
 	}
 	cancel()
 	close(r.out)
-	if err := r.ks.Close(); err != nil {
+	if err := r.ks.Close(context.Background()); err != nil {
 		r.s.logger.Warn("keyorder: closing watermill subscription", "topic", topic, "err", err)
 	}
 }

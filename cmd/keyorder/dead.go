@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -15,21 +16,20 @@ import (
 	"unicode/utf8"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/subscribe"
 )
 
-// openDead opens the subscription's driver and its dead-letter store.
-func (c *cli) openDead(ctx context.Context, raw string) (adapters.Subscription, adapters.DeadLetterStore, error) {
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, raw)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, ok := drv.(adapters.DeadLetterStore)
-	if !ok {
-		drv.Close()
-		return nil, nil, fmt.Errorf("dead letters of %s: %w", c.redact(raw), keyorder.ErrUnsupported)
-	}
-	return drv, st, nil
+// openSub opens the subscription through the portable API (subscribe.Open),
+// without running it: the CLI reads and redrives through the same
+// Subscriber methods an application uses. Close it with closeSub.
+func (c *cli) openSub(ctx context.Context, raw string) (*subscribe.Subscriber, error) {
+	logger := slog.New(slog.NewTextHandler(cleanWriter{c}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return subscribe.Open(ctx, raw, &subscribe.Config{Logger: logger})
+}
+
+// closeSub releases a subscriber that never ran.
+func closeSub(ctx context.Context, sub *subscribe.Subscriber) {
+	sub.Close(context.WithoutCancel(ctx))
 }
 
 // deadJSON is a dead letter as --json prints it.
@@ -43,9 +43,23 @@ type deadJSON struct {
 	Payload  string            `json:"payload"`
 }
 
-func toJSON(d adapters.DeadLetter) deadJSON {
+func toJSON(d keyorder.DeadLetter) deadJSON {
 	return deadJSON{ID: d.Message.ID, Key: d.Message.Key, Attempts: d.Attempts, DeadAt: d.DeadAt.UTC(),
-		Reason: d.Reason, Headers: d.Message.Headers, Payload: string(d.Message.Payload)}
+		Reason: d.Reason, Headers: userHeaders(d.Message.Headers), Payload: string(d.Message.Payload)}
+}
+
+// userHeaders returns h without the partition-key header (the key is
+// printed on its own), or nil when nothing else is left.
+func userHeaders(h map[string]string) map[string]string {
+	if _, ok := h[keyorder.HeaderPartitionKey]; !ok {
+		return h
+	}
+	out := maps.Clone(h)
+	delete(out, keyorder.HeaderPartitionKey)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // printable returns p quoted and cut to max runes when it is not short
@@ -82,11 +96,11 @@ func (c *cli) deadList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	drv, st, err := c.openDead(ctx, raw)
+	st, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
 	}
-	defer drv.Close()
+	defer closeSub(ctx, st)
 	dls, err := st.DeadLetters(ctx, *limit)
 	if err != nil {
 		return fmt.Errorf("list dead letters: %w", err)
@@ -144,16 +158,16 @@ func (c *cli) deadShow(ctx context.Context, args []string) error {
 	if len(ids) == 0 {
 		return usagef("dead show: --id is required")
 	}
-	drv, st, err := c.openDead(ctx, raw)
+	st, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
 	}
-	defer drv.Close()
+	defer closeSub(ctx, st)
 	dls, err := st.DeadLetters(ctx, 0)
 	if err != nil {
 		return fmt.Errorf("list dead letters: %w", err)
 	}
-	var found []adapters.DeadLetter
+	var found []keyorder.DeadLetter
 	for _, d := range dls {
 		if slices.Contains(ids, d.Message.ID) {
 			found = append(found, d)
@@ -174,8 +188,9 @@ func (c *cli) deadShow(ctx context.Context, args []string) error {
 			}
 			c.printf("id:        %s\nkey:       %s\nattempts:  %d\ndead at:   %s\nreason:    %s\n",
 				d.Message.ID, d.Message.Key, d.Attempts, d.DeadAt.UTC().Format(time.RFC3339Nano), d.Reason)
-			for _, k := range slices.Sorted(maps.Keys(d.Message.Headers)) {
-				c.printf("header:    %s=%s\n", k, d.Message.Headers[k])
+			h := userHeaders(d.Message.Headers)
+			for _, k := range slices.Sorted(maps.Keys(h)) {
+				c.printf("header:    %s=%s\n", k, h[k])
 			}
 			c.printf("payload:   %s\n", printable(d.Message.Payload, 1<<20))
 		}
@@ -207,11 +222,11 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 	if *all == (len(ids) > 0) {
 		return usagef("dead redrive: give --id ID (repeatable) or --all")
 	}
-	drv, st, err := c.openDead(ctx, raw)
+	st, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
 	}
-	defer drv.Close()
+	defer closeSub(ctx, st)
 	if *all {
 		dls, err := st.DeadLetters(ctx, 0)
 		if err != nil {

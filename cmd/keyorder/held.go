@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -9,37 +10,13 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
-	"github.com/keyorder/keyorder/adapters/postgres"
 )
-
-// heldLister is implemented by drivers that can list the keys they hold
-// (PostgreSQL's Subscription).
-type heldLister interface {
-	HeldKeys(ctx context.Context, limit int) ([]postgres.HeldKey, error)
-}
 
 // heldJSON is a held key as --json prints it.
 type heldJSON struct {
 	Key      string    `json:"key"`
 	InFlight bool      `json:"in_flight"`
 	Until    time.Time `json:"until"`
-}
-
-// openHeld opens the driver and its held-key lister, or fails with
-// ErrUnsupported naming what the backend cannot tell.
-func (c *cli) openHeld(ctx context.Context, raw string) (adapters.Subscription, heldLister, error) {
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, raw)
-	if err != nil {
-		return nil, nil, err
-	}
-	hl, ok := drv.(heldLister)
-	if !ok {
-		drv.Close()
-		return nil, nil, fmt.Errorf("held keys of %s: only PostgreSQL can list them so far (SQS hides a held group's messages, "+
-			"Pub/Sub and Pulsar hold keys inside the consuming process): %w", c.redact(raw), keyorder.ErrUnsupported)
-	}
-	return drv, hl, nil
 }
 
 func (c *cli) held(ctx context.Context, args []string) error {
@@ -53,12 +30,16 @@ func (c *cli) held(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	drv, hl, err := c.openHeld(ctx, raw)
+	sub, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
 	}
-	defer drv.Close()
-	keys, err := hl.HeldKeys(ctx, *limit)
+	defer closeSub(ctx, sub)
+	keys, err := sub.HeldKeys(ctx, *limit)
+	if errors.Is(err, keyorder.ErrUnsupported) {
+		return fmt.Errorf("held keys of %s: only PostgreSQL can list them so far (SQS hides a held group's messages, "+
+			"Pub/Sub and Pulsar hold keys inside the consuming process): %w", c.redact(raw), keyorder.ErrUnsupported)
+	}
 	if err != nil {
 		return fmt.Errorf("list held keys: %w", err)
 	}

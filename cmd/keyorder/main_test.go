@@ -132,9 +132,8 @@ func exercise(t *testing.T, topicURL, subURL string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	sub.Shutdown(ctx)
+	sub.Close(ctx)
 	<-done
-	sub.Close()
 	if len(dead) != 1 || dead[0].ID != ids[1] || dead[0].Payload != "poison" || dead[0].Key != "acct-42" ||
 		!strings.Contains(dead[0].Reason, "cannot apply") || dead[0].Attempts != 1 {
 		t.Fatalf("dead letters %+v, want the poison message %s", dead, ids[1])
@@ -233,9 +232,8 @@ func heldKey(t *testing.T, topicURL, subURL string) {
 	case <-ctx.Done():
 		t.Fatal("not handled")
 	}
-	sub.Shutdown(ctx)
+	sub.Close(ctx)
 	<-done
-	sub.Close()
 	code, stdout, stderr := cmd(t, "", "held", subURL, "--json")
 	var keys []heldJSON
 	if code != exitOK || json.Unmarshal([]byte(stdout), &keys) != nil || len(keys) != 1 || keys[0].Key != "acct-9" ||
@@ -305,9 +303,9 @@ func TestRedriveProgress(t *testing.T) {
 			return keyorder.Permanent(errors.New("no"))
 		})
 	}()
-	for deadline := time.Now().Add(time.Minute); int(sub.Stats().DeadLettered.Load()) < n; {
+	for deadline := time.Now().Add(time.Minute); int(counts(sub).DeadLettered) < n; {
 		if time.Now().After(deadline) {
-			t.Fatalf("dead-lettered %d of %d", sub.Stats().DeadLettered.Load(), n)
+			t.Fatalf("dead-lettered %d of %d", counts(sub).DeadLettered, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -324,4 +322,10 @@ func TestPulsar(t *testing.T) {
 	base := testenv.Require(t, testenv.Pulsar)
 	topic := fmt.Sprintf("%s/public/default/cli-%d", base, time.Now().UnixNano())
 	exercise(t, topic, topic+"?subscription=ops&ordering=ordered")
+}
+
+// counts returns the subscriber's counts.
+func counts(s *subscribe.Subscriber) subscribe.Stats {
+	st, _ := s.Stats(context.Background())
+	return st
 }

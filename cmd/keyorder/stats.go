@@ -10,11 +10,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 )
 
-// statsJSON is what stats prints with --json. Dead is -1 when the backend
-// keeps no dead letters it can list.
+// statsJSON is what stats prints with --json. A count the backend cannot
+// report is -1.
 type statsJSON struct {
 	URL           string `json:"url"`
 	Backend       string `json:"backend"`
@@ -25,11 +24,13 @@ type statsJSON struct {
 	MaxAttempts   int    `json:"max_attempts,omitempty"`
 	MinBackoff    string `json:"min_backoff,omitempty"`
 	MaxBackoff    string `json:"max_backoff,omitempty"`
-	Dead          int    `json:"dead"`
-	// Held is -1 when the backend cannot list held keys.
-	Held int `json:"held"`
-	// Unknown lists what the backend's driver cannot report through the
-	// portable API.
+	// Pending counts messages not yet acknowledged or dead-lettered.
+	Pending int64 `json:"pending"`
+	Dead    int   `json:"dead"`
+	// Keys counts keys with something pending or in flight.
+	Keys int64 `json:"keys"`
+	Held int   `json:"held"`
+	// Unknown lists what the backend cannot report.
 	Unknown []string `json:"unknown"`
 }
 
@@ -43,16 +44,16 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, raw)
+	sub, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
 	}
-	defer drv.Close()
-	caps := drv.Capabilities()
+	defer closeSub(ctx, sub)
+	caps := sub.Capabilities()
 	out := statsJSON{
 		URL: c.redact(raw), Ordering: caps.Ordering.String(), NativeHold: caps.NativeHold,
-		LeaseDuration: caps.LeaseDuration.String(), MaxBatch: caps.MaxBatch, Dead: -1,
-		Held: -1, Unknown: []string{"backlog", "in_flight"},
+		LeaseDuration: caps.LeaseDuration.String(), MaxBatch: caps.MaxBatch,
+		Pending: keyorder.Unknown, Dead: -1, Keys: keyorder.Unknown, Held: -1,
 	}
 	if u, err := url.Parse(raw); err == nil {
 		out.Backend = u.Scheme
@@ -60,8 +61,16 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	if r := caps.Retry; r != nil {
 		out.MaxAttempts, out.MinBackoff, out.MaxBackoff = r.MaxAttempts, r.MinBackoff.String(), r.MaxBackoff.String()
 	}
-	if st, ok := drv.(adapters.DeadLetterStore); ok {
-		dls, err := st.DeadLetters(ctx, 0)
+	st, err := sub.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("stats: %w", err)
+	}
+	if b := st.Backend; b != nil {
+		out.Pending, out.Dead, out.Keys, out.Held = b.Pending, int(b.Dead), b.Keys, int(b.HeldKeys)
+	}
+	if out.Dead < 0 {
+		// The backend does not count them: list them, where it can.
+		dls, err := sub.DeadLetters(ctx, 0)
 		if err != nil && !errors.Is(err, keyorder.ErrUnsupported) {
 			return fmt.Errorf("count dead letters: %w", err)
 		}
@@ -69,17 +78,22 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 			out.Dead = len(dls)
 		}
 	}
-	if out.Dead < 0 {
-		out.Unknown = append(out.Unknown, "dead")
-	}
-	if hl, ok := drv.(heldLister); ok {
-		keys, err := hl.HeldKeys(ctx, 0)
-		if err != nil {
+	if out.Held < 0 {
+		keys, err := sub.HeldKeys(ctx, 0)
+		if err != nil && !errors.Is(err, keyorder.ErrUnsupported) {
 			return fmt.Errorf("count held keys: %w", err)
 		}
-		out.Held = len(keys)
-	} else {
-		out.Unknown = append(out.Unknown, "held")
+		if err == nil {
+			out.Held = len(keys)
+		}
+	}
+	for _, u := range []struct {
+		name    string
+		unknown bool
+	}{{"pending", out.Pending < 0}, {"dead", out.Dead < 0}, {"keys", out.Keys < 0}, {"held", out.Held < 0}} {
+		if u.unknown {
+			out.Unknown = append(out.Unknown, u.name)
+		}
 	}
 	if c.json {
 		return c.emitJSON(out)
@@ -112,7 +126,12 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	} else {
 		row("held keys", "not listable on this backend")
 	}
-	row("backlog, in flight", "not reported: the driver interface has no counters yet")
+	if out.Pending >= 0 {
+		row("pending", fmt.Sprintf("%d (not yet acknowledged or dead-lettered, in flight included)", out.Pending))
+		row("keys", fmt.Sprintf("%d (with something pending or in flight)", out.Keys))
+	} else {
+		row("pending, keys", "not reported by this backend")
+	}
 	tw.Flush()
 	c.printf("%s", b.String())
 	return nil

@@ -48,7 +48,9 @@ func (c *cli) tail(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer sub.Close()
+	// The deferred Close releases the subscription; when the count stopped
+	// the subscriber, that Close did it and this one returns ErrClosed.
+	defer sub.Close(context.WithoutCancel(ctx))
 	var n atomic.Int64
 	var once sync.Once
 	var mu sync.Mutex
@@ -71,7 +73,7 @@ func (c *cli) tail(ctx context.Context, args []string) error {
 		}
 		mu.Unlock()
 		if *count > 0 && n.Add(1) >= int64(*count) {
-			once.Do(func() { go sub.Shutdown(context.WithoutCancel(ctx)) })
+			once.Do(func() { go sub.Close(context.WithoutCancel(ctx)) })
 		}
 		return nil
 	})

@@ -149,8 +149,7 @@ func run() error {
 		}
 	}
 	for _, s := range subs {
-		s.Shutdown(ctx)
-		s.Close()
+		s.Close(ctx)
 	}
 	wg.Wait()
 

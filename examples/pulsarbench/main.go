@@ -38,7 +38,6 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/pulsar"
 	"github.com/keyorder/keyorder/policy"
-	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -211,16 +210,12 @@ func ordered(round int) result {
 	defer client.Close()
 	name := topicName("keyorder", round)
 	sopts := &pulsar.SubscriptionOptions{Ordering: policy.Ordered, ReceiverQueueSize: *queue}
-	drv, err := pulsar.OpenSubscription(ctx, client, name, "bench", sopts) // creates the subscription
+	first, err := pulsar.OpenSubscription(ctx, client, name, "bench", sopts, nil) // creates the subscription
 	if err != nil {
 		die(err)
 	}
-	drv.Close()
-	topic, err := pulsar.OpenTopic(ctx, client, name, &pulsar.TopicOptions{BatchingMaxPublishDelay: *delay})
-	if err != nil {
-		die(err)
-	}
-	pub, err := publish.New(topic, nil)
+	first.Close(ctx)
+	pub, err := pulsar.OpenTopic(ctx, client, name, &pulsar.TopicOptions{BatchingMaxPublishDelay: *delay}, nil)
 	if err != nil {
 		die(err)
 	}
@@ -255,11 +250,7 @@ func ordered(round int) result {
 
 	check := newOrderCheck(len(keys))
 	began = time.Now()
-	drv, err = pulsar.OpenSubscription(ctx, client, name, "bench", sopts)
-	if err != nil {
-		die(err)
-	}
-	sub, err := subscribe.New(drv, &subscribe.Config{Workers: *workers, MaxOutstanding: *queue})
+	sub, err := pulsar.OpenSubscription(ctx, client, name, "bench", sopts, &subscribe.Config{Workers: *workers, MaxOutstanding: *queue})
 	if err != nil {
 		die(err)
 	}
@@ -279,7 +270,7 @@ func ordered(round int) result {
 	res.consume = float64(len(keys)) / time.Since(began).Seconds()
 	stop()
 	<-done
-	drv.Close()
+	sub.Close(ctx)
 	res.violations, res.dups = check.violations, check.dups
 	return res
 }

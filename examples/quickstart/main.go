@@ -35,7 +35,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer sub.Close()
+	defer sub.Close(context.Background())
 
 	pub, err := publish.Open(ctx, "mem://ledger.adjustments", nil)
 	if err != nil {

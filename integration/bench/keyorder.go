@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,11 +18,15 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
+// koEnv holds the drivers the benchmark drives directly (it measures the
+// PostgreSQL queue, not the portable layer). Drivers are reached the way
+// any driver-level tool reaches them, through the URL mux: the typed
+// constructors return the portable types.
 type koEnv struct {
 	pool   *pgxpool.Pool
 	schema string
-	topic  *postgres.Topic
-	subs   []*postgres.Subscription
+	topic  adapters.Topic
+	subs   []adapters.Subscription
 }
 
 func newKoEnv(ctx context.Context, pool *pgxpool.Pool, c config, ordering string, consumers int) (*koEnv, error) {
@@ -33,13 +38,24 @@ func newKoEnv(ctx context.Context, pool *pgxpool.Pool, c config, ordering string
 	if _, err := postgres.Migrate(ctx, pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema}); err != nil {
 		return nil, err
 	}
-	opts := &postgres.Options{Schema: e.schema, Create: true, MaxBatch: c.recvBatch,
-		Subscription: &postgres.SubscriptionOptions{Ordering: ord}}
-	if e.topic, err = postgres.OpenTopic(ctx, pool, "bench", opts); err != nil {
+	u, err := url.Parse(withPoolSize(c.url, 4))
+	if err != nil {
 		return nil, err
 	}
+	q := u.Query()
+	q.Set("schema", e.schema)
+	q.Set("create", "true")
+	q.Set("max_batch", strconv.Itoa(c.recvBatch))
+	q.Set("ordering", ord.String())
+	q.Set("topic", "bench")
+	u.RawQuery = q.Encode()
+	if e.topic, err = adapters.DefaultMux().OpenTopic(ctx, u.String()); err != nil {
+		return nil, err
+	}
+	q.Set("subscription", "bench")
+	u.RawQuery = q.Encode()
 	for range consumers {
-		s, err := postgres.OpenSubscription(ctx, pool, "bench", "bench", opts)
+		s, err := adapters.DefaultMux().OpenSubscription(ctx, u.String())
 		if err != nil {
 			return nil, err
 		}

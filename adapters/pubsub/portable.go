@@ -1,0 +1,47 @@
+package pubsub
+
+// This file: the typed constructors. They return the portable types over
+// the unexported drivers, as gocloud's gcppubsub.OpenTopic returns a
+// *pubsub.Topic, so an application never calls a driver method and skips
+// the portable layer.
+
+import (
+	"context"
+	"errors"
+
+	gpubsub "cloud.google.com/go/pubsub/v2"
+
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// OpenTopic returns a Publisher on topicID (an ID in the client's project
+// or a full projects/p/topics/t name). The topic must exist (see
+// CreateTopic); the client stays the caller's. cfg configures the Publisher
+// (nil: defaults).
+func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
+	t, err := openTopic(ctx, client, topicID, opts)
+	if err != nil {
+		return nil, err
+	}
+	p, err := publish.New(t, cfg)
+	if err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	return p, nil
+}
+
+// OpenSubscription returns a Subscriber of the existing subscription subID
+// (see CreateSubscription); the client stays the caller's. cfg configures
+// the Subscriber (nil: defaults).
+func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string, opts *SubscriptionOptions, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+	s, err := openSubscription(ctx, client, subID, opts)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := subscribe.New(s, cfg)
+	if err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return ks, nil
+}

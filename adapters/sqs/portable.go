@@ -1,0 +1,47 @@
+package sqs
+
+// This file: the typed constructors. They return the portable types over
+// the unexported drivers, as gocloud's gcppubsub.OpenTopic returns a
+// *pubsub.Topic, so an application never calls a driver method and skips
+// the portable layer.
+
+import (
+	"context"
+	"errors"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// OpenTopic returns a Publisher on the FIFO queue at queueURL. The queue
+// must exist (see CreateQueue); the client stays the caller's. cfg
+// configures the Publisher (nil: defaults).
+func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *publish.Config) (*publish.Publisher, error) {
+	t, err := openTopic(ctx, client, queueURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	p, err := publish.New(t, cfg)
+	if err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	return p, nil
+}
+
+// OpenSubscription returns a Subscriber of the FIFO queue at queueURL: one
+// consumer of the queue. opts.Visibility is the lease and opts.WaitTime the
+// long-poll wait; the client stays the caller's. cfg configures the
+// Subscriber (nil: defaults).
+func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+	s, err := openSubscription(ctx, client, queueURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := subscribe.New(s, cfg)
+	if err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return ks, nil
+}
