@@ -69,6 +69,10 @@ type Config struct {
 	Backoff policy.Retry
 	// Logger receives the publisher's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer sees each message published, for tracing and metrics (see
+	// module github.com/keyorder/keyorder/otelkeyorder). Nil means none,
+	// and costs one nil check per message.
+	Observer Observer
 }
 
 // WithDefaults returns a copy of c with defaults applied.
@@ -119,6 +123,8 @@ type Publisher struct {
 	senders sync.WaitGroup
 	stop    context.CancelFunc
 	ctx     context.Context
+
+	unobserve func() // from Config.Observer.Attach
 }
 
 type keyQueue struct {
@@ -131,8 +137,9 @@ type keyQueue struct {
 const spareMax = 1024
 
 type request struct {
-	m *adapters.Message
-	c *call
+	m   *adapters.Message
+	c   *call
+	end func(error) // from Config.Observer.StartPublish
 }
 
 // call is one Publish or PublishBatch waiting for its requests.
@@ -145,6 +152,10 @@ type call struct {
 
 // finish records the outcome of r.
 func (r *request) finish(err error) {
+	if r.end != nil {
+		r.end(err)
+		r.end = nil
+	}
 	c := r.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -182,11 +193,15 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 		c.MaxBatch = lim.MaxBatchMessages
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Publisher{
+	p := &Publisher{
 		drv: drv, cfg: c, limits: lim,
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
 		ctx: ctx, stop: stop,
-	}, nil
+	}
+	if c.Observer != nil {
+		p.unobserve = c.Observer.Attach(p)
+	}
+	return p, nil
 }
 
 // Limits returns the backend's message limits.
@@ -208,7 +223,15 @@ func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) error {
 	if err != nil {
 		return err
 	}
-	return p.enqueue(ctx, []*adapters.Message{am})
+	ams := []*adapters.Message{am}
+	if p.cfg.Observer == nil {
+		return p.enqueue(ctx, ams, nil)
+	}
+	ends, err := p.observe(ctx, ams)
+	if err != nil {
+		return err
+	}
+	return p.enqueue(ctx, ams, ends)
 }
 
 // PublishBatch publishes several messages. Every message is validated first:
@@ -224,7 +247,46 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) er
 		}
 		ams[i] = am
 	}
-	return p.enqueue(ctx, ams)
+	if p.cfg.Observer == nil {
+		return p.enqueue(ctx, ams, nil)
+	}
+	ends, err := p.observe(ctx, ams)
+	if err != nil {
+		return err
+	}
+	return p.enqueue(ctx, ams, ends)
+}
+
+// observe starts the observation of each message (Config.Observer) and
+// validates each again, since the observer may have added headers (a trace
+// context) that break the backend's header limits. If one fails, every
+// observation ends with its error, nothing is sent, and the error names the
+// message's index when there are several.
+func (p *Publisher) observe(ctx context.Context, ams []*adapters.Message) ([]func(error), error) {
+	ends := make([]func(error), len(ams))
+	for i, am := range ams {
+		ends[i] = p.cfg.Observer.StartPublish(ctx, am)
+	}
+	for i, am := range ams {
+		if err := adapters.Validate(p.limits, am); err != nil {
+			err = fmt.Errorf("with the headers added by publish.Config.Observer: %w", err)
+			if len(ams) > 1 {
+				err = fmt.Errorf("message %d: %w", i, err)
+			}
+			return nil, endAll(ends, err)
+		}
+	}
+	return ends, nil
+}
+
+// endAll ends the observations of messages that fail before being queued.
+func endAll(ends []func(error), err error) error {
+	for _, end := range ends {
+		if end != nil {
+			end(err)
+		}
+	}
+	return err
 }
 
 // prepare resolves the key, validates and converts m, exactly as every
@@ -233,10 +295,11 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 	return adapters.Prepare(m, p.cfg.Key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
-// enqueue queues ms behind their keys' in-flight batches and waits.
-func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
+// enqueue queues ms behind their keys' in-flight batches and waits. ends,
+// when not nil, holds each message's observation end.
+func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message, ends []func(error)) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return endAll(ends, err)
 	}
 	if len(ms) == 0 {
 		return nil
@@ -246,20 +309,23 @@ func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return keyorder.ErrClosed
+		return endAll(ends, keyorder.ErrClosed)
 	}
 	// Check every key before queueing any, so a paused key fails the call
 	// without half of it sent.
 	for _, m := range ms {
 		if cause, ok := p.paused[m.Key]; ok && m.Key != "" {
 			p.mu.Unlock()
-			return &keyorder.KeyPausedError{Key: m.Key, Cause: cause}
+			return endAll(ends, &keyorder.KeyPausedError{Key: m.Key, Cause: cause})
 		}
 	}
 	var keyless []*request
 	for i, m := range ms {
 		r := &reqs[i]
 		r.m, r.c = m, c
+		if ends != nil {
+			r.end = ends[i]
+		}
 		if m.Key == "" {
 			keyless = append(keyless, r)
 			continue
@@ -461,5 +527,8 @@ func (p *Publisher) Close(ctx context.Context) error {
 		<-done
 	}
 	p.stop()
+	if p.unobserve != nil {
+		p.unobserve()
+	}
 	return errors.Join(err, p.drv.Close())
 }

@@ -63,17 +63,20 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	s.stats.Handled.Add(1)
 
 	if err == nil {
+		it.observed(OutcomeAck, nil)
 		s.acked.add(m.ID)
 		s.stats.Acked.Add(1)
 		s.acks <- it
 		return lanes.Done()
 	}
 	if it.lost.Load() {
+		it.observed(OutcomeLeaseLost, err)
 		s.drop(it) // the broker took it back; it counted the attempt
 		return lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the message's fault.
+		it.observed(OutcomeReleased, err)
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
@@ -82,10 +85,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	var perm *keyorder.PermanentError
 	if errors.As(err, &perm) {
+		it.observed(OutcomeDeadLetter, err)
 		s.deadLetter(it, err.Error())
 		return lanes.Done()
 	}
 	if it.attempt >= s.cfg.Retry.MaxAttempts {
+		it.observed(OutcomeDeadLetter, err)
 		s.deadLetter(it, fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, err))
 		return lanes.Done()
 	}
@@ -94,6 +99,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if errors.As(err, &re) {
 		delay = re.After
 	}
+	it.observed(OutcomeRetry, err)
 	s.stats.Retried.Add(1)
 	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
 	if s.caps.NativeHold {
@@ -158,6 +164,9 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 		Attempt:      it.attempt,
 		PublishTime:  m.PublishTime,
 		Subscription: s.name,
+	}
+	if s.cfg.Observer != nil {
+		ctx, it.end = s.cfg.Observer.StartProcess(ctx, d)
 	}
 	defer func() {
 		if r := recover(); r != nil {

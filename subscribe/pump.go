@@ -37,6 +37,8 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// end ends the observation of the current attempt (Config.Observer).
+	end func(Outcome, error)
 }
 
 // chain links consecutive messages of one key received together from a

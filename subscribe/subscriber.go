@@ -54,6 +54,8 @@ type Subscriber struct {
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
+
+	unobserve func() // from Config.Observer.Attach; see observe.go
 }
 
 // Stats counts what a Subscriber did.
@@ -131,6 +133,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
 	}
+	s.observeAttach()
 	return s, nil
 }
 
@@ -255,4 +258,7 @@ func (s *Subscriber) Shutdown(ctx context.Context) error {
 }
 
 // Close closes the driver. Call it after Run has returned.
-func (s *Subscriber) Close() error { return s.drv.Close() }
+func (s *Subscriber) Close() error {
+	s.observeDetach()
+	return s.drv.Close()
+}
