@@ -39,11 +39,9 @@ type Subscriber struct {
 
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
-	// parked counts, per key, the items waiting in process on a time (a
-	// retry or a not-before time) while holdKeys. The key's other items
-	// received meanwhile wait behind them and, like them, do not count
-	// against MaxOutstanding, so a parked key cannot stop the others.
-	parked map[string]int
+	// holds is each key's one owner under holdKeys (see hold.go).
+	holds      map[string]*keyHold
+	holdsSpare []*keyHold
 
 	acked *idSet
 	// undead remembers, per message ID, the dead letters whose DeadLetter
@@ -122,7 +120,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
-		parked:      map[string]int{},
+		holds:       map[string]*keyHold{},
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
