@@ -34,7 +34,7 @@ func (s *Subscriber) addOutstanding(it *item) {
 		return
 	}
 	h := s.holdFor(it.m.Key)
-	it.kh = h
+	it.inHold = true
 	it.prevK, it.nextK = h.tail, nil
 	if h.tail != nil {
 		h.tail.nextK = it
@@ -67,10 +67,10 @@ func (s *Subscriber) holdFor(key string) *keyHold {
 // Called with s.mu held.
 func (s *Subscriber) removeOutstanding(it *item) {
 	delete(s.outstanding, it)
-	h := it.kh
-	if h == nil {
+	if !it.inHold {
 		return
 	}
+	h := s.holds[it.m.Key]
 	if it.prevK != nil {
 		it.prevK.nextK = it.nextK
 	} else {
@@ -81,7 +81,7 @@ func (s *Subscriber) removeOutstanding(it *item) {
 	} else {
 		h.tail = it.prevK
 	}
-	it.kh, it.prevK, it.nextK = nil, nil, nil
+	it.inHold, it.prevK, it.nextK = false, nil, nil
 	h.n--
 	s.dropHoldIfIdle(it.m.Key, h)
 }

@@ -71,10 +71,9 @@ func (s *Subscriber) Outstanding() int {
 	return len(s.outstanding)
 }
 
-// observed ends the observation of the item's current attempt, if any.
-func (it *item) observed(o Outcome, err error) {
-	if end := it.end; end != nil {
-		it.end = nil
+// observed ends an attempt's observation, if any, with its outcome.
+func observed(end func(Outcome, error), o Outcome, err error) {
+	if end != nil {
 		end(o, err)
 	}
 }

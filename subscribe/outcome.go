@@ -55,7 +55,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if it.lost.Load() {
 		cancel()
 	}
-	err := s.call(hctx, h, it)
+	end, err := s.call(hctx, h, it)
 	it.mu.Lock()
 	it.cancel = nil
 	it.mu.Unlock()
@@ -63,20 +63,20 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	s.stats.Handled.Add(1)
 
 	if err == nil {
-		it.observed(OutcomeAck, nil)
+		observed(end, OutcomeAck, nil)
 		s.acked.add(m.ID)
 		s.stats.Acked.Add(1)
 		s.acks <- it
 		return lanes.Done()
 	}
 	if it.lost.Load() {
-		it.observed(OutcomeLeaseLost, err)
+		observed(end, OutcomeLeaseLost, err)
 		s.drop(it) // the broker took it back; it counted the attempt
 		return lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the message's fault.
-		it.observed(OutcomeReleased, err)
+		observed(end, OutcomeReleased, err)
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
@@ -85,12 +85,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	var perm *keyorder.PermanentError
 	if errors.As(err, &perm) {
-		it.observed(OutcomeDeadLetter, err)
+		observed(end, OutcomeDeadLetter, err)
 		s.deadLetter(it, err.Error())
 		return lanes.Done()
 	}
 	if it.attempt >= s.cfg.Retry.MaxAttempts {
-		it.observed(OutcomeDeadLetter, err)
+		observed(end, OutcomeDeadLetter, err)
 		s.deadLetter(it, fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, err))
 		return lanes.Done()
 	}
@@ -99,7 +99,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if errors.As(err, &re) {
 		delay = re.After
 	}
-	it.observed(OutcomeRetry, err)
+	observed(end, OutcomeRetry, err)
 	s.stats.Retried.Add(1)
 	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
 	if s.caps.NativeHold {
@@ -142,8 +142,9 @@ type deadNote struct {
 	attempts int
 }
 
-// call runs the handler, turning a panic into an error.
-func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err error) {
+// call runs the handler, turning a panic into an error. end ends the
+// attempt's observation (Config.Observer); nil without an observer.
+func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end func(Outcome, error), err error) {
 	m := it.m
 	headers := make(map[string]string, len(m.Headers)+1)
 	for k, v := range m.Headers {
@@ -166,7 +167,7 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 		Subscription: s.name,
 	}
 	if s.cfg.Observer != nil {
-		ctx, it.end = s.cfg.Observer.StartProcess(ctx, d)
+		ctx, end = s.cfg.Observer.StartProcess(ctx, d)
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -175,5 +176,5 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 			s.cfg.Logger.Error("keyorder: handler panicked", "id", m.ID, "key", m.Key, "panic", r)
 		}
 	}()
-	return h(ctx, d)
+	return end, h(ctx, d)
 }

@@ -26,9 +26,9 @@ type item struct {
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	parked   bool // counted in its key's keyHold.parked
-	// kh is the item's key's hold while the item is outstanding under
-	// holdKeys; prevK and nextK link the key's outstanding items.
-	kh           *keyHold
+	// inHold: outstanding under holdKeys, so listed on its key's keyHold,
+	// whose items prevK and nextK link.
+	inHold       bool
 	prevK, nextK *item
 	// round is closed when the last lease renewal that included the item
 	// has returned.
@@ -41,8 +41,6 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
-	// end ends the observation of the current attempt (Config.Observer).
-	end func(Outcome, error)
 }
 
 // chain links consecutive messages of one key received together from a
@@ -130,11 +128,11 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				// holdKeys it parks its key.
 				it.hasToken = false
 				free++
-				if it.kh != nil {
+				if it.inHold {
 					it.parked = true
-					it.kh.parked++
+					s.holds[m.Key].parked++
 				}
-			case it.kh != nil && it.kh.parked > 0:
+			case it.inHold && s.holds[m.Key].parked > 0:
 				// Behind a parked head of its key.
 				it.hasToken = false
 				free++

@@ -16,8 +16,8 @@
 //	go run ./otel 'sqs://orders.fifo?endpoint=http://localhost:9324&region=us-east-1'
 //	go run ./otel pulsar://localhost:6650/public/default/orders
 //
-// The subscription is the topic URL with subscription=otel-demo-<run> and
-// ordering=ordered added.
+// The subscription is the topic URL with subscription=otel-demo-<run> (on
+// SQS the queue itself) and ordering=ordered added.
 package main
 
 import (
@@ -157,6 +157,10 @@ func subscriptionURL(topicURL, name string) (string, error) {
 		return "", err
 	}
 	q := u.Query()
+	if u.Scheme == "sqs" {
+		// An SQS FIFO queue is its own subscription.
+		name = u.Host
+	}
 	q.Set("subscription", name)
 	q.Set("ordering", "ordered")
 	u.RawQuery = q.Encode()
