@@ -14,6 +14,8 @@ replace github.com/keyorder/keyorder/adapters/pulsar => ../adapters/pulsar
 
 replace github.com/keyorder/keyorder/adapters/watermill => ../adapters/watermill
 
+replace github.com/keyorder/keyorder/otelkeyorder => ../otelkeyorder
+
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/apache/pulsar-client-go v0.19.0
@@ -23,6 +25,11 @@ require (
 	github.com/keyorder/keyorder/adapters/pulsar v0.0.0-00010101000000-000000000000
 	github.com/keyorder/keyorder/adapters/sqs v0.0.0-00010101000000-000000000000
 	github.com/keyorder/keyorder/adapters/watermill v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder/otelkeyorder v0.0.0-00010101000000-000000000000
+	go.opentelemetry.io/otel/exporters/stdout/stdoutmetric v1.47.0
+	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
+	go.opentelemetry.io/otel/sdk v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )
 
 require (

@@ -88,8 +88,13 @@ func (p *Publisher) PublishAsync(ctx context.Context, m *keyorder.Message) *Resu
 	r.id = am.ID
 	r.req = request{m: am, size: msgSize(am), res: r}
 	r.one[0] = &r.req
+	if p.cfg.Observer != nil {
+		if err := p.observe(ctx, r.one[:]); err != nil {
+			return r.refuse(err)
+		}
+	}
 	if err := p.admit(ctx, r.one[:]); err != nil {
-		return r.refuse(err)
+		return r.refuse(endAll(r.one[:], err))
 	}
 	return r
 }

@@ -104,6 +104,10 @@ type Config struct {
 	MaxOutstandingBytes int
 	// Logger receives the publisher's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer sees each message published, for tracing and metrics (see
+	// module github.com/keyorder/keyorder/otelkeyorder). Nil means none,
+	// and costs one nil check per message.
+	Observer Observer
 }
 
 // WithDefaults returns a copy of c with defaults applied.
@@ -161,6 +165,8 @@ type Publisher struct {
 	senders sync.WaitGroup
 	stop    context.CancelFunc
 	ctx     context.Context
+
+	unobserve func() // from Config.Observer.Attach
 }
 
 type keyQueue struct {
@@ -174,9 +180,10 @@ const spareMax = 1024
 
 type request struct {
 	m    *adapters.Message
-	size int     // counted against MaxOutstandingBytes
-	res  *Result // set for PublishAsync
-	c    *call   // set for PublishBatch
+	size int         // counted against MaxOutstandingBytes
+	res  *Result     // set for PublishAsync
+	c    *call       // set for PublishBatch
+	end  func(error) // from Config.Observer.StartPublish
 }
 
 // call is one PublishBatch waiting for its requests.
@@ -190,6 +197,10 @@ type call struct {
 // finish records the outcome of r. The request may be reused (its Result
 // read) as soon as finish returns.
 func (r *request) finish(err error) {
+	if r.end != nil {
+		r.end(err)
+		r.end = nil
+	}
 	if r.res != nil {
 		r.res.settle(err)
 		return
@@ -231,11 +242,15 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 		c.MaxBatch = lim.MaxBatchMessages
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Publisher{
+	p := &Publisher{
 		drv: drv, cfg: c, limits: lim,
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
 		ctx: ctx, stop: stop,
-	}, nil
+	}
+	if c.Observer != nil {
+		p.unobserve = c.Observer.Attach(p)
+	}
+	return p, nil
 }
 
 // Limits returns the backend's message limits.
@@ -286,8 +301,13 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([
 		ptrs[i] = &reqs[i]
 		ids[i] = am.ID
 	}
+	if p.cfg.Observer != nil {
+		if err := p.observe(ctx, ptrs); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.admit(ctx, ptrs); err != nil {
-		return nil, err
+		return nil, endAll(ptrs, err)
 	}
 	select {
 	case <-c.done:
@@ -297,6 +317,44 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return ids, errors.Join(c.errs...)
+}
+
+// observe starts the observation of each request's message
+// (Config.Observer) and validates each again, since the observer may have
+// added headers (a trace context) that break the backend's header limits;
+// the sizes counted against MaxOutstandingBytes are taken again too. If one
+// fails, every observation ends with its error, nothing is sent, and the
+// error names the message's index when there are several.
+func (p *Publisher) observe(ctx context.Context, rs []*request) error {
+	for _, r := range rs {
+		// The observer sees the message as the application wrote it (with
+		// its resolved key and ID); headers it adds go on the copy sent.
+		km := &keyorder.Message{ID: r.m.ID, Key: r.m.Key, Payload: r.m.Payload, Headers: r.m.Headers, NotBefore: r.m.NotBefore}
+		r.end = p.cfg.Observer.StartPublish(ctx, km)
+		r.m.Headers = km.Headers
+	}
+	for i, r := range rs {
+		if err := adapters.Validate(p.limits, r.m); err != nil {
+			err = fmt.Errorf("with the headers added by publish.Config.Observer: %w", err)
+			if len(rs) > 1 {
+				err = fmt.Errorf("message %d: %w", i, err)
+			}
+			return endAll(rs, err)
+		}
+		r.size = msgSize(r.m)
+	}
+	return nil
+}
+
+// endAll ends the observations of requests that fail before being queued.
+func endAll(rs []*request, err error) error {
+	for _, r := range rs {
+		if r.end != nil {
+			r.end(err)
+			r.end = nil
+		}
+	}
+	return err
 }
 
 // prepare resolves the key, validates and converts m, exactly as every
@@ -542,5 +600,8 @@ func (p *Publisher) Close(ctx context.Context) error {
 		<-done
 	}
 	p.stop()
+	if p.unobserve != nil {
+		p.unobserve()
+	}
 	return errors.Join(err, p.drv.Close())
 }

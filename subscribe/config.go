@@ -63,6 +63,10 @@ type Config struct {
 	Middleware []Middleware
 	// Logger receives the subscriber's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer sees each handler attempt and its outcome, for tracing and
+	// metrics (see module github.com/keyorder/keyorder/otelkeyorder). Nil
+	// means none, and costs one nil check per attempt.
+	Observer Observer
 }
 
 // WithDefaults returns a copy of c with defaults applied.

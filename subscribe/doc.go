@@ -47,6 +47,32 @@
 // pubsub package). Where the broker holds groups (PostgreSQL, SQS) every
 // retry goes through the broker and the count survives a crash.
 //
+// # Who owns what
+//
+// Each piece of per-message or per-key state has one owner; the others
+// read it.
+//
+//   - Held keys (in-process hold): a key's keyHold (hold.go), made when the
+//     key has a message outstanding and dropped when it has none and none
+//     parked. It lists the key's outstanding messages and counts those
+//     waiting on a time; parking and unparking touch that key's messages
+//     only. The lanes (package lanes, over internal/groupq) own the order
+//     in which a key's messages run; the keyHold owns only flow control
+//     (which messages hold a MaxOutstanding token) and is the one answer
+//     to "is this key held here".
+//   - Attempts: each attempt is counted once, by whoever makes it happen.
+//     The broker's driver counts deliveries (the delivery count it reports, read
+//     once at receive; it includes lost leases and, for SQS, excludes the
+//     library's own put-backs). The Subscriber counts the retries it runs in
+//     process (no native hold), which the broker never sees. The item's
+//     attempt is the one value the handler (Delivery.Attempt), the budget
+//     (MaxAttempts), the dead letter's count and the Observer see.
+//   - Chains: the driver owns what the broker leases together (the
+//     PostgreSQL claim's chain of one key, held until every member is
+//     settled; an SQS receive of one group); the Subscriber owns what it
+//     does with them in process (run in order; when one fails or waits,
+//     hand the rest back unrun). Neither decides the other's part.
+//
 // # Settlement under a flaky network
 //
 // Settling a message (Ack, Nack, Release, DeadLetter) and renewing leases

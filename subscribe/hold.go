@@ -1,12 +1,121 @@
 package subscribe
 
 // This file: holding a key in process while its head waits on a time
-// (parking), for brokers without native hold.
+// (parking), for brokers without native hold, and the outstanding set.
+//
+// One owner per key: under holdKeys, each key with outstanding items has a
+// keyHold, the single source of truth for that key in this process: which
+// of its received items are outstanding (an intrusive list, so park, unpark
+// and removal touch only the key's own items) and how many of them wait
+// in process on a time. Subscriber.holds maps keys to their keyHold;
+// nothing else counts parked items.
+
+// keyHold is the per-key state of a key while it has outstanding items
+// (under holdKeys). Guarded by Subscriber.mu.
+type keyHold struct {
+	// parked counts the key's items waiting in process on a time (a retry
+	// or a not-before time). While it is above zero the key's other items
+	// wait behind them and, like them, hold no flow-control token, so a
+	// parked key cannot stop the others.
+	parked int
+	// head and tail list the key's outstanding items (item.prevK/nextK).
+	head, tail *item
+	n          int
+}
+
+// holdsSpareMax bounds the keyHolds kept for reuse.
+const holdsSpareMax = 1024
+
+// addOutstanding records a received item as outstanding, and under
+// holdKeys on its key's hold. Called with s.mu held.
+func (s *Subscriber) addOutstanding(it *item) {
+	s.outstanding[it] = struct{}{}
+	if !s.holdKeys || it.m.Key == "" {
+		return
+	}
+	h := s.holdFor(it.m.Key)
+	it.inHold = true
+	it.prevK, it.nextK = h.tail, nil
+	if h.tail != nil {
+		h.tail.nextK = it
+	} else {
+		h.head = it
+	}
+	h.tail = it
+	h.n++
+}
+
+// holdFor returns key's hold, made when the key has none. Called with s.mu
+// held.
+func (s *Subscriber) holdFor(key string) *keyHold {
+	h := s.holds[key]
+	if h == nil {
+		if n := len(s.holdsSpare); n > 0 {
+			h = s.holdsSpare[n-1]
+			s.holdsSpare[n-1] = nil
+			s.holdsSpare = s.holdsSpare[:n-1]
+		} else {
+			h = &keyHold{}
+		}
+		s.holds[key] = h
+	}
+	return h
+}
+
+// removeOutstanding takes an item out of the outstanding set and its key's
+// hold; a hold left with no items and nothing parked goes. Idempotent.
+// Called with s.mu held.
+func (s *Subscriber) removeOutstanding(it *item) {
+	delete(s.outstanding, it)
+	if !it.inHold {
+		return
+	}
+	h := s.holds[it.m.Key]
+	if it.prevK != nil {
+		it.prevK.nextK = it.nextK
+	} else {
+		h.head = it.nextK
+	}
+	if it.nextK != nil {
+		it.nextK.prevK = it.prevK
+	} else {
+		h.tail = it.prevK
+	}
+	it.inHold, it.prevK, it.nextK = false, nil, nil
+	h.n--
+	s.dropHoldIfIdle(it.m.Key, h)
+}
+
+// dropHoldIfIdle forgets a key's hold once nothing of the key is
+// outstanding or parked. Called with s.mu held.
+func (s *Subscriber) dropHoldIfIdle(key string, h *keyHold) {
+	if h.n > 0 || h.parked > 0 {
+		return
+	}
+	delete(s.holds, key)
+	if len(s.holdsSpare) < holdsSpareMax {
+		*h = keyHold{}
+		s.holdsSpare = append(s.holdsSpare, h)
+	}
+}
+
+// heldKeys returns the number of keys with an item parked in process.
+func (s *Subscriber) heldKeys() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, h := range s.holds {
+		if h.parked > 0 {
+			n++
+		}
+	}
+	return n
+}
 
 // forget drops an item from the outstanding set and gives back its token.
 func (s *Subscriber) forget(it *item) {
 	s.mu.Lock()
-	delete(s.outstanding, it)
+	s.removeOutstanding(it)
 	tok := it.hasToken
 	it.hasToken = false
 	s.mu.Unlock()
@@ -17,7 +126,8 @@ func (s *Subscriber) forget(it *item) {
 
 // park gives back the token of an item that waits in process for its retry.
 // Under holdKeys it parks the item's key: the key's items already received
-// wait behind it and give back their tokens too.
+// wait behind it and give back their tokens too. It touches the key's own
+// items only.
 func (s *Subscriber) park(it *item) {
 	free := 0
 	s.mu.Lock()
@@ -25,11 +135,12 @@ func (s *Subscriber) park(it *item) {
 		it.hasToken = false
 		free++
 	}
-	if key := it.m.Key; s.holdKeys && key != "" {
+	if s.holdKeys && it.m.Key != "" {
+		h := s.holdFor(it.m.Key)
 		it.parked = true
-		s.parked[key]++
-		for o := range s.outstanding {
-			if o.hasToken && o.m.Key == key {
+		h.parked++
+		for o := h.head; o != nil; o = o.nextK {
+			if o.hasToken {
 				o.hasToken = false
 				free++
 			}
@@ -41,11 +152,11 @@ func (s *Subscriber) park(it *item) {
 
 // unpark is called when a parked item's time has come.
 func (s *Subscriber) unpark(it *item) {
-	key := it.m.Key
 	s.mu.Lock()
 	it.parked = false
-	if s.parked[key]--; s.parked[key] <= 0 {
-		delete(s.parked, key)
+	if h := s.holds[it.m.Key]; h != nil {
+		h.parked--
+		s.dropHoldIfIdle(it.m.Key, h)
 	}
 	s.mu.Unlock()
 }

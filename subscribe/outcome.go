@@ -55,7 +55,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if it.lost.Load() {
 		cancel()
 	}
-	err := s.call(hctx, h, it)
+	end, err := s.call(hctx, h, it)
 	it.mu.Lock()
 	it.cancel = nil
 	it.mu.Unlock()
@@ -63,17 +63,20 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	s.stats.Handled.Add(1)
 
 	if err == nil {
+		observed(end, OutcomeAck, nil)
 		s.acked.add(m.ID)
 		s.stats.Acked.Add(1)
 		s.acks <- it
 		return lanes.Done()
 	}
 	if it.lost.Load() {
+		observed(end, OutcomeLeaseLost, err)
 		s.drop(it) // the broker took it back; it counted the attempt
 		return lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the message's fault.
+		observed(end, OutcomeReleased, err)
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
@@ -82,10 +85,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	var perm *keyorder.PermanentError
 	if errors.As(err, &perm) {
+		observed(end, OutcomeDeadLetter, err)
 		s.deadLetter(it, err.Error())
 		return lanes.Done()
 	}
 	if it.attempt >= s.cfg.Retry.MaxAttempts {
+		observed(end, OutcomeDeadLetter, err)
 		s.deadLetter(it, fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, err))
 		return lanes.Done()
 	}
@@ -94,6 +99,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if errors.As(err, &re) {
 		delay = re.After
 	}
+	observed(end, OutcomeRetry, err)
 	s.stats.Retried.Add(1)
 	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
 	if s.caps.NativeHold {
@@ -136,8 +142,9 @@ type deadNote struct {
 	attempts int
 }
 
-// call runs the handler, turning a panic into an error.
-func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err error) {
+// call runs the handler, turning a panic into an error. end ends the
+// attempt's observation (Config.Observer); nil without an observer.
+func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end func(Outcome, error), err error) {
 	m := it.m
 	headers := make(map[string]string, len(m.Headers)+1)
 	for k, v := range m.Headers {
@@ -159,6 +166,9 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 		PublishTime:  m.PublishTime,
 		Subscription: s.name,
 	}
+	if s.cfg.Observer != nil {
+		ctx, end = s.cfg.Observer.StartProcess(ctx, d)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			s.stats.Panics.Add(1)
@@ -166,5 +176,5 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (err err
 			s.cfg.Logger.Error("keyorder: handler panicked", "id", m.ID, "key", m.Key, "panic", r)
 		}
 	}()
-	return h(ctx, d)
+	return end, h(ctx, d)
 }

@@ -25,7 +25,11 @@ type item struct {
 
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
-	parked   bool // counted in Subscriber.parked
+	parked   bool // counted in its key's keyHold.parked
+	// inHold: outstanding under holdKeys, so listed on its key's keyHold,
+	// whose items prevK and nextK link.
+	inHold       bool
+	prevK, nextK *item
 	// round is closed when the last lease renewal that included the item
 	// has returned.
 	round chan struct{}
@@ -117,18 +121,18 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			m := it.m
 			free := 0
 			s.mu.Lock()
-			s.outstanding[it] = struct{}{}
+			s.addOutstanding(it)
 			switch {
 			case m.NotBefore.After(now):
 				// Waiting on time, like a retry: not counted. Under
 				// holdKeys it parks its key.
 				it.hasToken = false
 				free++
-				if s.holdKeys && m.Key != "" {
+				if it.inHold {
 					it.parked = true
-					s.parked[m.Key]++
+					s.holds[m.Key].parked++
 				}
-			case s.holdKeys && m.Key != "" && s.parked[m.Key] > 0:
+			case it.inHold && s.holds[m.Key].parked > 0:
 				// Behind a parked head of its key.
 				it.hasToken = false
 				free++
@@ -177,7 +181,7 @@ func (s *Subscriber) giveBack(its []*item) {
 func (s *Subscriber) detach(its ...*item) {
 	s.mu.Lock()
 	for _, it := range its {
-		delete(s.outstanding, it)
+		s.removeOutstanding(it)
 	}
 	s.mu.Unlock()
 	for _, it := range its {

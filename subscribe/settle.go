@@ -49,7 +49,7 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 		s.mu.Lock() // out of outstanding: a renewal now does not call them lost
 		for _, it := range batch {
 			ms = append(ms, it.m)
-			delete(s.outstanding, it)
+			s.removeOutstanding(it)
 		}
 		s.mu.Unlock()
 		if err := s.drv.Ack(actx.get(), ms); err != nil {

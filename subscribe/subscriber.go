@@ -42,11 +42,9 @@ type Subscriber struct {
 
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
-	// parked counts, per key, the items waiting in process on a time (a
-	// retry or a not-before time) while holdKeys. The key's other items
-	// received meanwhile wait behind them and, like them, do not count
-	// against MaxOutstanding, so a parked key cannot stop the others.
-	parked map[string]int
+	// holds is each key's one owner under holdKeys (see hold.go).
+	holds      map[string]*keyHold
+	holdsSpare []*keyHold
 
 	acked *idSet
 	// undead remembers, per message ID, the dead letters whose DeadLetter
@@ -57,6 +55,8 @@ type Subscriber struct {
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
+
+	unobserve func() // from Config.Observer.Attach; see observe.go
 }
 
 // counters count what a Subscriber did; Stats reads them.
@@ -112,7 +112,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
-		parked:      map[string]int{},
+		holds:       map[string]*keyHold{},
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
@@ -123,6 +123,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
 	}
+	s.observeAttach()
 	return s, nil
 }
 
@@ -265,6 +266,7 @@ func (s *Subscriber) Close(ctx context.Context) error {
 			<-s.done
 		}
 	}
+	s.observeDetach()
 	if cerr := s.drv.Close(); cerr != nil {
 		err = errors.Join(err, adapters.WrapError("close", cerr, s.drv.ErrorCode))
 	}
