@@ -86,11 +86,11 @@ var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar"}
 
 func main() {
 	var (
-		o       options
-		which   string
-		keys    string
-		only    string
-		c       config
+		o     options
+		which string
+		keys  string
+		only  string
+		c     config
 	)
 	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
