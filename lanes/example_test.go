@@ -3,6 +3,7 @@ package lanes_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/keyorder/keyorder/lanes"
@@ -48,4 +49,62 @@ func Example() {
 	// acct-42 101 applied
 	// acct-42 102 applied
 	// leftover: [] <nil>
+}
+
+// Shared puts every item on one lane served by several workers: any free
+// worker takes the oldest deliverable item. Under Ordered a key still has at
+// most one item in flight and keeps its submission order, whichever workers
+// run it; keyless items belong to no group and run whenever a worker is free.
+func Example_shared() {
+	var (
+		mu          sync.Mutex // workers run concurrently
+		byKey       = map[string][]int{}
+		inFlight    = map[string]int{}
+		maxInFlight int
+		keyless     int
+		wg          sync.WaitGroup
+	)
+	p, err := lanes.New(&lanes.Config{Workers: 4, Assign: lanes.Shared, Ordering: policy.Ordered},
+		func(ctx context.Context, key string, keyed bool, n int) lanes.Result {
+			defer wg.Done()
+			mu.Lock()
+			if !keyed {
+				keyless++
+				mu.Unlock()
+				return lanes.Done()
+			}
+			inFlight[key]++
+			maxInFlight = max(maxInFlight, inFlight[key])
+			byKey[key] = append(byKey[key], n)
+			mu.Unlock()
+
+			time.Sleep(time.Millisecond) // the work
+
+			mu.Lock()
+			inFlight[key]--
+			mu.Unlock()
+			return lanes.Done()
+		})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for n := range 12 {
+		key, keyed := []string{"acct-42", "acct-7", ""}[n%3], n%3 != 2
+		wg.Add(1)
+		if err := p.Submit(ctx, key, keyed, time.Time{}, n); err != nil {
+			panic(err)
+		}
+	}
+	wg.Wait()
+	if _, err := p.Close(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("acct-42:", byKey["acct-42"])
+	fmt.Println("acct-7:", byKey["acct-7"])
+	fmt.Println("keyless:", keyless, "most in flight per key:", maxInFlight)
+	// Output:
+	// acct-42: [0 3 6 9]
+	// acct-7: [1 4 7 10]
+	// keyless: 4 most in flight per key: 1
 }

@@ -8,6 +8,13 @@
 // a message is held or handled, suppressing redeliveries of messages this
 // process already acknowledged, and graceful shutdown.
 //
+// A subscription receives what is published after it exists; nothing
+// published before is promised to it (SQS and Pulsar may deliver some; do
+// not rely on it). Open the Subscriber (on backends that create the
+// subscription on open: mem://, Pub/Sub, Pulsar, PostgreSQL with
+// create=true) or create the subscription before the first publish; see the
+// package's examples.
+//
 // # Ordering
 //
 // The subscription's policy (Capabilities.Ordering) is enforced twice: by

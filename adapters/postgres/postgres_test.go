@@ -18,7 +18,7 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-func publish(t testing.TB, tp *postgres.Topic, ms ...*adapters.Message) {
+func sendBatch(t testing.TB, tp *postgres.Topic, ms ...*adapters.Message) {
 	t.Helper()
 	if err := tp.SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
@@ -79,8 +79,8 @@ func TestOrderedNackHoldsKey(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("ledger", nil)
 	s := e.sub("ledger", "apply", policy.Ordered, nil)
-	publish(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
-	publish(t, tp, msg("B", "b1"), msg("B", "b2"))
+	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+	sendBatch(t, tp, msg("B", "b1"), msg("B", "b2"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s, 5)
 	if want := []string{"a1", "a2", "a3", "b1", "b2"}; !slices.Equal(ids(got), want) {
@@ -101,7 +101,7 @@ func TestOrderedNackHoldsKey(t *testing.T) {
 	if err := s.Ack(ctx, got[3:]); err != nil {
 		t.Fatal(err)
 	}
-	publish(t, tp, msg("B", "b3"))
+	sendBatch(t, tp, msg("B", "b3"))
 	start := time.Now()
 	next := receiveN(t, ctx, s, 1)
 	if next[0].ID != "b3" {
@@ -136,7 +136,7 @@ func TestExclusiveOvertakes(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	s := e.sub("t", "s", policy.Exclusive, &postgres.Options{ChainLength: 1})
-	publish(t, tp, msg("A", "a1"), msg("A", "a2"))
+	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s, 1)
 	if got[0].ID != "a1" {
@@ -162,7 +162,7 @@ func TestParallel(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	s := e.sub("t", "s", policy.Parallel, nil)
-	publish(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 	ctx := ctxT(t, 20*time.Second)
 	first := receiveN(t, ctx, s, 1)
 	rest := receiveN(t, ctx, s, 2) // while a1 is in flight
@@ -180,8 +180,8 @@ func TestKeylessOnOrdered(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	s := e.sub("t", "s", policy.Ordered, nil)
-	publish(t, tp, msg("", "s1"), msg("", "s2"))
-	publish(t, tp, msg("A", "a1"))
+	sendBatch(t, tp, msg("", "s1"), msg("", "s2"))
+	sendBatch(t, tp, msg("A", "a1"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s, 3)
 	if !slices.Equal(ids(got), []string{"s1", "s2", "a1"}) {
@@ -193,7 +193,7 @@ func TestKeylessOnOrdered(t *testing.T) {
 	if err := s.Ack(ctx, got[1:]); err != nil {
 		t.Fatal(err)
 	}
-	publish(t, tp, msg("", "s3"))
+	sendBatch(t, tp, msg("", "s3"))
 	if got := receiveN(t, ctx, s, 1); got[0].ID != "s3" || got[0].Key != "" {
 		t.Fatalf("got %+v", got[0])
 	}
@@ -207,9 +207,9 @@ func TestNotBeforeHoldsKey(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	d := msg("A", "a1")
 	d.NotBefore = time.Now().Add(time.Second)
-	publish(t, tp, d)
-	publish(t, tp, msg("A", "a2"))
-	publish(t, tp, msg("B", "b1"))
+	sendBatch(t, tp, d)
+	sendBatch(t, tp, msg("A", "a2"))
+	sendBatch(t, tp, msg("B", "b1"))
 	got := receiveN(t, ctx, s, 1)
 	if got[0].ID != "b1" {
 		t.Fatalf("got %s, want b1", got[0].ID)
@@ -233,7 +233,7 @@ func TestLeaseExpiry(t *testing.T) {
 	opts := &postgres.Options{LeaseDuration: time.Second, ChainLength: 1}
 	s1 := e.sub("t", "s", policy.Ordered, opts)
 	s2 := e.sub("t", "s", policy.Ordered, opts)
-	publish(t, tp, msg("A", "a1"), msg("A", "a2"))
+	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s1, 1)
 	lost, err := s1.ExtendLeases(ctx, got)
@@ -267,7 +267,7 @@ func TestDeadLetterAndRedrive(t *testing.T) {
 	other := e.sub("t", "other", policy.Parallel, nil)
 	m := msg("A", "a1")
 	m.Headers = map[string]string{"h": "v"}
-	publish(t, tp, m, msg("A", "a2"))
+	sendBatch(t, tp, m, msg("A", "a2"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s, 2)
 	if err := s.DeadLetter(ctx, got[0], "boom", 3); err != nil {
@@ -276,7 +276,7 @@ func TestDeadLetterAndRedrive(t *testing.T) {
 	if err := s.Release(ctx, got[1:]); err != nil {
 		t.Fatal(err)
 	}
-	publish(t, tp, msg("A", "a3"))
+	sendBatch(t, tp, msg("A", "a3"))
 	next := receiveN(t, ctx, s, 2)
 	if !slices.Equal(ids(next), []string{"a2", "a3"}) {
 		t.Fatalf("after dead letter: %v", ids(next))
@@ -392,15 +392,15 @@ func TestReceiveAtMostMax(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	s := e.sub("t", "s", policy.Ordered, nil)
-	publish(t, tp, msg("", "s0"))
+	sendBatch(t, tp, msg("", "s0"))
 	for _, k := range []string{"A", "B", "C"} {
 		var ms []*adapters.Message
 		for i := range 10 {
 			ms = append(ms, msg(k, fmt.Sprintf("%s%d", k, i)))
 		}
-		publish(t, tp, ms...)
+		sendBatch(t, tp, ms...)
 	}
-	publish(t, tp, msg("", "s1"), msg("", "s2"))
+	sendBatch(t, tp, msg("", "s1"), msg("", "s2"))
 	ctx := ctxT(t, 20*time.Second)
 	total := 0
 	for total < 33 {
@@ -429,10 +429,10 @@ func TestRetention(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t, 20*time.Second)
 	tp := e.topic("t", nil)
-	publish(t, tp, msg("A", "orphan1"), msg("B", "orphan2"))
+	sendBatch(t, tp, msg("A", "orphan1"), msg("B", "orphan2"))
 	s1 := e.sub("t", "s1", policy.Ordered, nil)
 	s2 := e.sub("t", "s2", policy.Parallel, nil)
-	publish(t, tp, msg("A", "a1"), msg("A", "a2"))
+	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))
 	n, err := e.admin.Purge(ctx, "t")
 	if err != nil || n != 2 {
 		t.Fatalf("purge deleted %d (%v), want the 2 orphans", n, err)
@@ -452,7 +452,7 @@ func TestRetention(t *testing.T) {
 	if st, _ := e.admin.Stats(ctx, "t", "s2"); st.Messages != 0 {
 		t.Fatalf("after both acked: %+v", st)
 	}
-	publish(t, tp, msg("A", "a3"))
+	sendBatch(t, tp, msg("A", "a3"))
 	if err := e.admin.DeleteSubscription(ctx, "t", "s2"); err != nil {
 		t.Fatal(err)
 	}

@@ -184,7 +184,7 @@ func TestProcessKilledMidHandler(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
 	}
-	publish(t, tp, ms...)
+	sendBatch(t, tp, ms...)
 	h := startHelper(t, e, "t", 2*time.Second, 0, "a3")
 	waitUntil(t, 30*time.Second, "the helper to start handling a3", func() bool {
 		rs := h.read(t, 0)
@@ -232,7 +232,7 @@ func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
 			order[key] = append(order[key], id)
 			batch = append(batch, msg(key, id))
 		}
-		publish(t, tp, batch...)
+		sendBatch(t, tp, batch...)
 	}
 	all := func() []record {
 		var rs []record
@@ -309,7 +309,7 @@ func TestProcessKilledHoldingChain(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
 	}
-	publish(t, tp, ms...)
+	sendBatch(t, tp, ms...)
 	h := startHelper(t, e, "t", 2*time.Second, 0, "a3")
 	waitUntil(t, 30*time.Second, "the helper to start handling a3", func() bool {
 		rs := h.read(t, 0)
@@ -351,7 +351,7 @@ func TestLostLeaseAfterNack(t *testing.T) {
 			tp := e.topic("t", nil)
 			lease := &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond}
 			crashed := e.sub("t", "s", tc.ordering, lease)
-			publish(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+			sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 			ctx := ctxT(t, 30*time.Second)
 			got := receiveN(t, ctx, crashed, 3)
 			if err := crashed.Nack(ctx, got[0], 0); err != nil {

@@ -48,7 +48,7 @@ func TestStoredRetrySettingsRun(t *testing.T) {
 			return errors.New("always fails")
 		})
 	}()
-	publish(t, tp, msg("A", "a1"))
+	sendBatch(t, tp, msg("A", "a1"))
 	deadline := time.Now().Add(30 * time.Second)
 	var dls []adaptersDeadLetter
 	for {

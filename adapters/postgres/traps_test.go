@@ -185,7 +185,7 @@ func TestOrderedCompetingConsumers(t *testing.T) {
 		for k := range keys {
 			batch = append(batch, msg("k"+strconv.Itoa(k), fmt.Sprintf("%d", r)))
 		}
-		publish(t, tp, batch...)
+		sendBatch(t, tp, batch...)
 	}
 	ctx := ctxT(t, 20*time.Second)
 	type rec struct {
@@ -278,7 +278,7 @@ func TestTrap1AckWaitsForOpenPublisher(t *testing.T) {
 	tp := e.topic("t", nil)
 	s := e.sub("t", "s", policy.Ordered, nil)
 	ctx := ctxT(t, 30*time.Second)
-	publish(t, tp, msg("K", "k1"))
+	sendBatch(t, tp, msg("K", "k1"))
 	got := receiveN(t, ctx, s, 1)
 
 	tx, err := e.pool.Begin(ctx)
