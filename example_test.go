@@ -34,7 +34,7 @@ func ExampleRetryAfter() {
 	}
 	defer pub.Close(context.Background())
 	for _, p := range []string{"101", "102"} {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
 			panic(err)
 		}
 	}
@@ -83,7 +83,7 @@ func ExamplePermanent() {
 	}
 	defer pub.Close(context.Background())
 	for _, p := range []string{`{"delta":-500}`, `{"delta":`, `{"delta":200}`} {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
 			panic(err)
 		}
 	}

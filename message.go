@@ -1,6 +1,10 @@
 package keyorder
 
-import "time"
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
 
 // HeaderPartitionKey is the header that carries a message's ordering key.
 // On publish it is the second source of the key (after Message.Key); on
@@ -9,9 +13,12 @@ const HeaderPartitionKey = "partition-key"
 
 // Message is what an application publishes.
 type Message struct {
-	// ID identifies the message. Publishers assign a UUID (version 7) when it
-	// is empty. Subscribers use it to suppress redeliveries of a message this
-	// process already acknowledged.
+	// ID identifies the message. When it is empty, the publisher assigns a
+	// UUID (version 7) to the copy it sends and returns it (Publish,
+	// Result.Get); the caller's Message is never modified. Choose IDs up
+	// front with NewID to know them before publishing. Subscribers use the
+	// ID to suppress redeliveries of a message this process already
+	// acknowledged.
 	ID string
 	// Key is the ordering key. Empty means "resolve it": the partition-key
 	// header, then the publisher's fixed key; see publish.Config.
@@ -40,4 +47,13 @@ type Delivery struct {
 	PublishTime time.Time
 	// Subscription names the subscription the message was delivered on.
 	Subscription string
+}
+
+// NewID returns a new message ID: a UUID (version 7, time-ordered), the
+// kind publishers assign to a message whose ID is empty. Set Message.ID to
+// it to know a message's ID before publishing it.
+func NewID() string {
+	// NewV7 fails only when crypto/rand does, which since Go 1.24 crashes
+	// the program instead of returning an error.
+	return uuid.Must(uuid.NewV7()).String()
 }

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
-
 	"github.com/keyorder/keyorder"
 )
 
@@ -30,8 +28,9 @@ const ReservedHeaderPrefix = "keyorder-"
 
 // Prepare resolves m's ordering key (Message.Key, then the partition-key
 // header, then defaultKey), rejects a keyless message with
-// keyorder.ErrMissingKey when rejectMissing is set, gives m a UUIDv7 ID when
-// it has none, and converts and validates it against lim with Validate. It
+// keyorder.ErrMissingKey when rejectMissing is set, and converts and
+// validates it against lim with Validate. The driver message gets a UUIDv7
+// ID (keyorder.NewID) when m has none; m itself is never modified. It
 // is the one validation every publishing path shares (publish.Publisher,
 // the PostgreSQL outbox's PublishTx), so they accept and reject exactly the
 // same messages.
@@ -61,13 +60,8 @@ func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Lim
 	if err := Validate(lim, am); err != nil {
 		return nil, err
 	}
-	if m.ID == "" {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, &keyorder.Error{Code: keyorder.CodeUnavailable, Op: "publish: message ID", Err: err}
-		}
-		m.ID = id.String()
-		am.ID = m.ID
+	if am.ID == "" {
+		am.ID = keyorder.NewID()
 	}
 	return am, nil
 }

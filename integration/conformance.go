@@ -57,6 +57,7 @@ var cases = []testCase{
 	{"LostConsumerRedeliversFirst", Spec{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second}, lostConsumer},
 	{"PanicCountsAsFailedAttempt", Spec{Ordering: policy.Ordered}, panicHoldsKey},
 	{"PublishFailurePausesKey", Spec{Ordering: policy.Ordered}, publishFailurePausesKey},
+	{"AsyncPublishKeepsOrder", Spec{Ordering: policy.Ordered}, asyncPublishKeepsOrder},
 	{"BadInput", Spec{Ordering: policy.Ordered}, badInput},
 	{"ExactBytesAndKnowableLimits", Spec{Ordering: policy.Ordered}, exactBytesAndKnowableLimits},
 	{"PropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, propertyOrdered},
@@ -270,7 +271,7 @@ func publishDelayHoldsGroup(f *fixture) {
 	p := f.publisher(nil)
 	start := time.Now()
 	delay := 5 * f.unit
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "A", Payload: []byte("a1"), NotBefore: start.Add(delay)}); err != nil {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "A", Payload: []byte("a1"), NotBefore: start.Add(delay)}); err != nil {
 		f.t.Fatal(err)
 	}
 	f.publish(p, "a2:A", "b1:B")
@@ -295,7 +296,7 @@ func heldGroupWithBacklog(f *fixture) {
 	hold := 20 * f.unit
 	p := f.publisher(nil)
 	f.publish(p, "a01:A")
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "D", Payload: []byte("d01"), NotBefore: time.Now().Add(hold)}); err != nil {
 		f.t.Fatal(err)
 	}
 	var a, d []string
@@ -398,14 +399,14 @@ func redriveOrder(f *fixture) {
 
 func missingKey(f *fixture) {
 	reject := f.publisher(nil)
-	err := reject.Publish(f.ctx, &keyorder.Message{Payload: []byte("lost")})
+	_, err := reject.Publish(f.ctx, &keyorder.Message{Payload: []byte("lost")})
 	if !errors.Is(err, keyorder.ErrMissingKey) {
 		f.t.Fatalf("keyless publish under Reject = %v, want ErrMissingKey", err)
 	}
 	unordered := f.publisher(&publish.Config{MissingKey: policy.Unordered})
 	f.publish(unordered, "s1:", "k1:K")
 	// The header is the second source of the key.
-	if err := unordered.Publish(f.ctx, &keyorder.Message{Payload: []byte("k2"), Headers: map[string]string{keyorder.HeaderPartitionKey: "K"}}); err != nil {
+	if _, err := unordered.Publish(f.ctx, &keyorder.Message{Payload: []byte("k2"), Headers: map[string]string{keyorder.HeaderPartitionKey: "K"}}); err != nil {
 		f.t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -504,11 +505,11 @@ func publishFailurePausesKey(f *fixture) {
 	f.pair.Topic = saved
 	boom := errors.New("broker unavailable")
 	ft.failKey("bad", boom)
-	if err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
+	if _, err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("failed publish = %v, want the broker error", err)
 	}
 	ft.setFail(nil)
-	err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x2")})
+	_, err := p.Publish(f.ctx, &keyorder.Message{Key: "bad", Payload: []byte("x2")})
 	var kp *keyorder.KeyPausedError
 	if !errors.Is(err, keyorder.ErrKeyPaused) || !errors.As(err, &kp) || kp.Key != "bad" || !errors.Is(err, boom) {
 		f.t.Fatalf("publish of a paused key = %v, want ErrKeyPaused naming the key and the cause", err)
@@ -523,7 +524,7 @@ func publishFailurePausesKey(f *fixture) {
 	f.publish(p, "x3:bad")
 	// Auto-resume: the failed publish returns its error, the next is sent.
 	ft.failKey("auto", boom)
-	if err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
+	if _, err := auto.Publish(f.ctx, &keyorder.Message{Key: "auto", Payload: []byte("y1")}); !errors.Is(err, boom) {
 		f.t.Fatalf("auto-resume publish = %v", err)
 	}
 	ft.setFail(nil)
@@ -540,18 +541,86 @@ func publishFailurePausesKey(f *fixture) {
 	}
 }
 
+// asyncPublishKeepsOrder: one goroutine publishes with PublishAsync, not
+// waiting for the broker, under outstanding limits small enough to block
+// it; every key's messages are handled in the order they were published,
+// each delivered with the ID its Result returned.
+func asyncPublishKeepsOrder(f *fixture) {
+	const nKeys, nMsgs = 20, 400
+	p := f.publisher(&publish.Config{MaxOutstandingMessages: 64, MaxBatch: 10})
+	order := map[string][]string{}
+	var results []*publish.Result
+	var names []string
+	for i := range nMsgs {
+		key := fmt.Sprintf("k%02d", (i*7+i/nKeys)%nKeys)
+		name := fmt.Sprintf("m%03d", i)
+		order[key] = append(order[key], name)
+		names = append(names, name)
+		m := &keyorder.Message{Key: key, Payload: []byte(name)}
+		if i%2 == 0 {
+			m.ID = f.t.Name() + "/" + name // chosen up front; the rest are assigned
+		}
+		results = append(results, p.PublishAsync(f.ctx, m))
+	}
+	ids := map[string]string{} // name -> the ID its Result returned
+	for i, r := range results {
+		id, err := r.Get(f.ctx)
+		if err != nil {
+			f.t.Fatalf("%s: %v", names[i], err)
+		}
+		if i%2 == 0 && id != f.t.Name()+"/"+names[i] {
+			f.t.Errorf("%s: Result ID %q, want the one chosen", names[i], id)
+		}
+		ids[names[i]] = id
+	}
+	var mu sync.Mutex
+	got := map[string]string{} // name -> delivered ID
+	f.subscribe(&subscribe.Config{Workers: 4}, func(_ context.Context, d *keyorder.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[nameOf(d)] = d.ID
+		return nil
+	})
+	f.waitFor(400, "every message handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= nMsgs
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for name, id := range ids {
+		if got[name] != id {
+			f.t.Errorf("%s delivered with ID %q, its Result returned %q", name, got[name], id)
+		}
+	}
+	for key, want := range order {
+		if m := f.rec.maxInFlight(key); m > 1 {
+			f.t.Errorf("key %s: %d in flight at once", key, m)
+		}
+		var first []string
+		for _, n := range f.rec.starts(key) {
+			if !slices.Contains(first, n) {
+				first = append(first, n)
+			}
+		}
+		if !slices.Equal(first, want) {
+			f.t.Errorf("key %s: handled in order %v, published %v", key, first, want)
+		}
+	}
+}
+
 func badInput(f *fixture) {
 	p := f.publisher(nil)
 	lim := p.Limits()
 	check := func(what string, m *keyorder.Message, want error) {
 		f.t.Helper()
-		if err := p.Publish(f.ctx, m); !errors.Is(err, want) {
+		if _, err := p.Publish(f.ctx, m); !errors.Is(err, want) {
 			f.t.Errorf("%s: Publish = %v, want %v", what, err, want)
 		}
 	}
 	if lim.MaxKeyBytes > 0 {
 		var le *keyorder.LimitError
-		err := p.Publish(f.ctx, &keyorder.Message{Key: strings.Repeat("k", lim.MaxKeyBytes+1), Payload: []byte("x")})
+		_, err := p.Publish(f.ctx, &keyorder.Message{Key: strings.Repeat("k", lim.MaxKeyBytes+1), Payload: []byte("x")})
 		if !errors.As(err, &le) || le.Limit != "key length" || le.Max != lim.MaxKeyBytes || !errors.Is(err, keyorder.ErrInvalidMessage) {
 			f.t.Errorf("key over %d bytes: %v", lim.MaxKeyBytes, err)
 		}
@@ -567,7 +636,7 @@ func badInput(f *fixture) {
 	}
 	check("nil message", nil, keyorder.ErrInvalidMessage)
 	// A batch with one bad message sends nothing.
-	err := p.PublishBatch(f.ctx, []*keyorder.Message{{Key: "k", Payload: []byte("ok1")}, {Payload: []byte("no key")}})
+	_, err := p.PublishBatch(f.ctx, []*keyorder.Message{{Key: "k", Payload: []byte("ok1")}, {Payload: []byte("no key")}})
 	if !errors.Is(err, keyorder.ErrMissingKey) || !strings.Contains(err.Error(), "message 1") {
 		f.t.Errorf("batch with a keyless message = %v", err)
 	}
@@ -647,7 +716,7 @@ func property(f *fixture, ordering policy.Ordering) {
 			return nil
 		})
 	for i := 0; i < len(batch); i += 50 {
-		if err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
+		if _, err := p.PublishBatch(f.ctx, batch[i:min(i+50, len(batch))]); err != nil {
 			f.t.Fatal(err)
 		}
 		kit.Published(batch[i:min(i+50, len(batch))]...)
@@ -729,7 +798,7 @@ func shutdownMidStream(f *fixture) {
 		order[key] = append(order[key], name)
 		msgs = append(msgs, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)})
 	}
-	if err := p.PublishBatch(f.ctx, msgs); err != nil {
+	if _, err := p.PublishBatch(f.ctx, msgs); err != nil {
 		f.t.Fatal(err)
 	}
 	slow := func(ctx context.Context, d *keyorder.Delivery) error {
@@ -856,17 +925,17 @@ func exactBytesAndKnowableLimits(f *fixture) {
 			m.Payload = []byte("bad")
 		}
 		var le *keyorder.LimitError
-		if err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
+		if _, err := p.Publish(f.ctx, m); !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || keyorder.Code(err) != keyorder.CodeInvalidArgument {
 			f.t.Errorf("%s: Publish = %v, want a LimitError", b.what, err)
 		}
 		after++
 		next := &keyorder.Message{ID: fmt.Sprintf("after%d", after), Key: "K", Payload: []byte("after")}
-		if err := p.Publish(f.ctx, next); err != nil {
+		if _, err := p.Publish(f.ctx, next); err != nil {
 			f.t.Errorf("next valid message after %s: %v (the key was paused)", b.what, err)
 		}
 	}
 	for _, m := range valid {
-		if err := p.Publish(f.ctx, m); err != nil {
+		if _, err := p.Publish(f.ctx, m); err != nil {
 			f.t.Fatalf("publish %s: %v", m.ID, err)
 		}
 	}

@@ -61,7 +61,7 @@ func (f *fixture) publish(p *publish.Publisher, specs ...string) {
 	f.t.Helper()
 	for _, s := range specs {
 		name, key, _ := strings.Cut(s, ":")
-		if err := p.Publish(f.ctx, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)}); err != nil {
+		if _, err := p.Publish(f.ctx, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)}); err != nil {
 			f.t.Fatalf("publish %s: %v", s, err)
 		}
 	}

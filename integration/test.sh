@@ -13,9 +13,20 @@
 # only, so the default package list names every module of go.work.
 # Environment: KEYORDER_TEST_PACKAGES (default: every module's packages), KEYORDER_MVN_ARGS
 # (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep"),
-# KEYORDER_FUZZTIME (per fuzz target, default 4s; 0 skips fuzzing).
+# KEYORDER_FUZZTIME (per fuzz target, default 4s; 0 skips fuzzing),
+# KEYORDER_SKIP_CHECKS=1 (skip the static checks below; ignored when CI=true).
+# Before any test, integration/lint.sh (staticcheck) and
+# integration/vulncheck.sh (govulncheck) check every module; either failing
+# fails the run before a server starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${CI:-}" = true ] || [ "${KEYORDER_SKIP_CHECKS:-}" != 1 ]; then
+	./integration/lint.sh
+	./integration/vulncheck.sh
+else
+	echo "test.sh: KEYORDER_SKIP_CHECKS=1: staticcheck and govulncheck skipped" >&2
+fi
 
 # Build the launcher and exec it, so that signals sent to this script (Ctrl-C,
 # SIGTERM from CI) reach the launcher directly and it stops the servers.

@@ -46,11 +46,11 @@ func Example() {
 	}()
 
 	for _, p := range []string{"101", "102", "103", "104"} {
-		m := &keyorder.Message{Key: "acct-42", Payload: []byte(p)}
-		if err := pub.Publish(ctx, m); err != nil {
+		m := &keyorder.Message{ID: keyorder.NewID(), Key: "acct-42", Payload: []byte(p)}
+		if _, err := pub.Publish(ctx, m); err != nil {
 			panic(err)
 		}
-		rec.Published(m) // after Publish, which set m.ID
+		rec.Published(m) // by its ID, chosen before publishing
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -87,7 +87,7 @@ type PublishFault struct {
 	// every send since FailPublishes was called.
 	Calls []int
 	// Err is what the send returns. Defaults to ErrInjected, which the
-	// publisher treats as permanent (the key pauses); wrap memory.Transient
+	// publisher treats as permanent (the key pauses); wrap memory.ErrTransient
 	// to make it retryable.
 	Err error
 	// Times bounds how many sends the fault fails; 0 means every match.

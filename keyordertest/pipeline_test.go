@@ -65,7 +65,7 @@ func (p *pipeline) publish(t *testing.T, specs ...string) {
 	for _, s := range specs {
 		label, key, _ := strings.Cut(s, ":")
 		m := &keyorder.Message{ID: "id-" + label, Key: key, Payload: []byte(label)}
-		if err := p.pub.Publish(context.Background(), m); err != nil {
+		if _, err := p.pub.Publish(context.Background(), m); err != nil {
 			t.Fatalf("publish %s: %v", s, err)
 		}
 		p.rec.Published(m)
@@ -263,17 +263,17 @@ func TestFailPublishes(t *testing.T) {
 			keyordertest.PublishFault{Calls: []int{3}, Err: errors.New("third send lost")})
 		defer stop()
 		ctx := context.Background()
-		err := p.pub.Publish(ctx, &keyorder.Message{Key: "A", Payload: []byte("a1")})
+		_, err := p.pub.Publish(ctx, &keyorder.Message{Key: "A", Payload: []byte("a1")})
 		if !errors.Is(err, keyordertest.ErrInjected) {
 			t.Fatalf("publish a1: %v, want ErrInjected", err)
 		}
-		if err := p.pub.Publish(ctx, &keyorder.Message{Key: "A", Payload: []byte("a2")}); !errors.Is(err, keyorder.ErrKeyPaused) {
+		if _, err := p.pub.Publish(ctx, &keyorder.Message{Key: "A", Payload: []byte("a2")}); !errors.Is(err, keyorder.ErrKeyPaused) {
 			t.Fatalf("publish a2: %v, want the key paused", err)
 		}
-		if err := p.pub.Publish(ctx, &keyorder.Message{Key: "B", Payload: []byte("b1")}); err != nil {
+		if _, err := p.pub.Publish(ctx, &keyorder.Message{Key: "B", Payload: []byte("b1")}); err != nil {
 			t.Fatalf("publish b1: %v", err)
 		}
-		if err := p.pub.Publish(ctx, &keyorder.Message{Key: "B", Payload: []byte("b2")}); err == nil || !strings.Contains(err.Error(), "third send lost") {
+		if _, err := p.pub.Publish(ctx, &keyorder.Message{Key: "B", Payload: []byte("b2")}); err == nil || !strings.Contains(err.Error(), "third send lost") {
 			t.Fatalf("publish b2 (the third send): %v", err)
 		}
 	})

@@ -45,8 +45,8 @@ func TestLedgerKeepsOrder(t *testing.T) {
 			{"acct-42", "101"}, {"acct-7", "201"}, {"acct-42", "102"},
 			{"acct-7", "202"}, {"acct-7", "203"}, {"acct-42", "103"},
 		} {
-			m := &keyorder.Message{Key: a.acct, Payload: []byte(a.id)}
-			if err := pub.Publish(context.Background(), m); err != nil {
+			m := &keyorder.Message{ID: keyorder.NewID(), Key: a.acct, Payload: []byte(a.id)}
+			if _, err := pub.Publish(context.Background(), m); err != nil {
 				t.Fatal(err)
 			}
 			rec.Published(m)

@@ -165,8 +165,10 @@ func DefaultLabel(m *keyorder.Message) string {
 	return string(p)
 }
 
-// Published records messages as published, in the order given, after the
-// publish returned (so that their IDs are set). Record each key's messages
+// Published records messages as published, in the order given. A message
+// is known by its ID, which a publisher never writes into the caller's
+// Message: give each message its ID before publishing (keyorder.NewID), or
+// record a copy carrying the ID Publish returned. Record each key's messages
 // in the order the application published them; the order between keys does
 // not matter.
 func (r *Recorder) Published(ms ...*keyorder.Message) {

@@ -874,11 +874,10 @@ func TestSingleLaneMatchesGroupq(t *testing.T) {
 }
 
 type modelItem struct {
-	key      string // "" for keyless
-	nb       time.Duration
-	dur      [4]time.Duration // per attempt
-	back     [4]time.Duration // retry delay per attempt, -1 for Done
-	attempts int
+	key  string // "" for keyless
+	nb   time.Duration
+	dur  [4]time.Duration // per attempt
+	back [4]time.Duration // retry delay per attempt, -1 for Done
 }
 
 func modelItems(seed uint64, n int) []modelItem {

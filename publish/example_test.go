@@ -41,7 +41,7 @@ func ExamplePublisher_Publish() {
 		{Payload: []byte("103 (Config.Key)")},
 	}
 	for _, m := range msgs {
-		if err := pub.Publish(ctx, m); err != nil {
+		if _, err := pub.Publish(ctx, m); err != nil {
 			panic(err)
 		}
 	}
@@ -86,19 +86,19 @@ func ExamplePublisher_Resume() {
 	})
 
 	outage.Store(true)
-	err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("101")})
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("101")})
 	fmt.Println("101 failed:", keyorder.Code(err))
 	outage.Store(false)
 
-	err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("102")})
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("102")})
 	fmt.Println("102 paused:", errors.Is(err, keyorder.ErrKeyPaused))
-	err = pub.Publish(ctx, &keyorder.Message{Key: "acct-7", Payload: []byte("201")})
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-7", Payload: []byte("201")})
 	fmt.Println("201:", err)
 	fmt.Println("paused keys:", pub.Paused())
 
 	fmt.Println("resumed:", pub.Resume("acct-42"))
 	for _, p := range []string{"101", "102"} { // in order: 101 first
-		err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)})
+		_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)})
 		fmt.Println(p+":", err)
 	}
 	fmt.Println("paused keys:", pub.Paused())

@@ -64,12 +64,12 @@ func TestKnowableRejectionPausesNothing(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i, h := range []map[string]string{{"a": "nul\x00"}, {"a": "\xff"}, {"huge": "x"}, {"keyorder-id": "x"}} {
-		err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("bad"), Headers: h})
+		_, err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("bad"), Headers: h})
 		var le *keyorder.LimitError
 		if !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) {
 			t.Errorf("bad message %d: %v, want a LimitError", i, err)
 		}
-		if err := p.Publish(ctx, &keyorder.Message{ID: fmt.Sprint("ok", i), Key: "k", Payload: []byte("ok")}); err != nil {
+		if _, err := p.Publish(ctx, &keyorder.Message{ID: fmt.Sprint("ok", i), Key: "k", Payload: []byte("ok")}); err != nil {
 			t.Errorf("next valid message after bad message %d: %v (the key was paused)", i, err)
 		}
 	}

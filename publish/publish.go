@@ -12,9 +12,28 @@
 // Key resolution, first that is set wins: Message.Key, then the
 // partition-key header, then Config.Key. The key travels as the broker's
 // ordering construct, never as a header. Concurrent publishes of one key are
-// queued and sent in the order Publish was called, in batches of up to
+// queued and sent in the order they were accepted, in batches of up to
 // Config.MaxBatch, one batch at a time; keyless messages are sent
 // concurrently.
+//
+// # Asynchronous publishing
+//
+// PublishAsync queues a message and returns a *Result at once, without
+// waiting for the broker; Result.Get (or Result.Ready) tells the outcome.
+// A key's messages published one after another with PublishAsync reach the
+// broker in that order, and what queues while a key's batch is in flight
+// goes in its next batch, so one goroutine can keep every key busy. Publish
+// is PublishAsync followed by Result.Get.
+//
+// Memory is bounded: Config.MaxOutstandingMessages and
+// Config.MaxOutstandingBytes limit the messages accepted and not yet
+// settled (sent or failed). A publish that would exceed a limit blocks in
+// PublishAsync (or Publish, PublishBatch) until enough earlier messages have
+// settled. Blocked publishes are admitted strictly in arrival order (FIFO),
+// so a small message never overtakes a large one that waits. A blocked
+// publish whose context ends returns the context's error and sends nothing.
+// A message or batch larger than a limit is admitted alone, once nothing
+// else is outstanding.
 //
 // # Paused keys
 //
@@ -23,8 +42,9 @@
 // key fails fast with an error matching keyorder.ErrKeyPaused, sending
 // nothing, until Resume or ResumeAll. With Config.AutoResume the key is
 // resumed at once instead, so the next publish is sent; messages already
-// queued behind the failed batch still fail with ErrKeyPaused, because
-// sending them would let them overtake the failed one.
+// queued behind the failed batch (or blocked waiting for admission) still
+// fail with ErrKeyPaused, because sending them would let them overtake the
+// failed one.
 package publish
 
 import (
@@ -46,6 +66,11 @@ import (
 const (
 	MaxBatchDefault    = 100
 	SendRetriesDefault = 3
+	// MaxOutstandingMessagesDefault bounds the messages accepted and not
+	// yet settled.
+	MaxOutstandingMessagesDefault = 10_000
+	// MaxOutstandingBytesDefault bounds their bytes (64 MiB).
+	MaxOutstandingBytesDefault = 64 << 20
 )
 
 // Config configures a Publisher. A nil *Config means all defaults.
@@ -67,6 +92,16 @@ type Config struct {
 	SendRetries int
 	// Backoff spaces the retries. Defaults to policy.Retry defaults.
 	Backoff policy.Retry
+	// MaxOutstandingMessages is the most messages accepted (by PublishAsync,
+	// Publish or PublishBatch) and not yet settled, sent or failed. A
+	// publish that would exceed it blocks until earlier messages settle
+	// (see the package documentation). Defaults to
+	// MaxOutstandingMessagesDefault; a negative value means no limit.
+	MaxOutstandingMessages int
+	// MaxOutstandingBytes is the most bytes of such messages (payload, key,
+	// ID, header names and values). Defaults to MaxOutstandingBytesDefault;
+	// a negative value means no limit.
+	MaxOutstandingBytes int
 	// Logger receives the publisher's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -88,6 +123,12 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if out.SendRetries < 0 {
 		out.SendRetries = 0
+	}
+	if out.MaxOutstandingMessages == 0 {
+		out.MaxOutstandingMessages = MaxOutstandingMessagesDefault
+	}
+	if out.MaxOutstandingBytes == 0 {
+		out.MaxOutstandingBytes = MaxOutstandingBytesDefault
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -116,6 +157,7 @@ type Publisher struct {
 	keys    map[string]*keyQueue
 	spare   []*keyQueue // finished queues kept for reuse
 	paused  map[string]error
+	flow    flow // outstanding messages and bytes, blocked publishes
 	senders sync.WaitGroup
 	stop    context.CancelFunc
 	ctx     context.Context
@@ -131,11 +173,13 @@ type keyQueue struct {
 const spareMax = 1024
 
 type request struct {
-	m *adapters.Message
-	c *call
+	m    *adapters.Message
+	size int     // counted against MaxOutstandingBytes
+	res  *Result // set for PublishAsync
+	c    *call   // set for PublishBatch
 }
 
-// call is one Publish or PublishBatch waiting for its requests.
+// call is one PublishBatch waiting for its requests.
 type call struct {
 	mu   sync.Mutex
 	left int
@@ -143,8 +187,13 @@ type call struct {
 	done chan struct{} // closed when left reaches 0
 }
 
-// finish records the outcome of r.
+// finish records the outcome of r. The request may be reused (its Result
+// read) as soon as finish returns.
 func (r *request) finish(err error) {
+	if r.res != nil {
+		r.res.settle(err)
+		return
+	}
 	c := r.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -192,39 +241,62 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 // Limits returns the backend's message limits.
 func (p *Publisher) Limits() adapters.Limits { return p.limits }
 
-// Publish sends one message and waits until the broker has it. It sets m.ID
-// to a new UUID (version 7) when empty. The error is typed: a message that
-// breaks a rule fails before anything is sent (keyorder.ErrMissingKey,
-// *keyorder.LimitError matching keyorder.ErrInvalidMessage); a paused key
-// fails with *keyorder.KeyPausedError; a broker error comes back as
-// *keyorder.Error. If ctx is already done, Publish returns ctx.Err() and
+// Publish sends one message and waits until the broker has it; it returns
+// the message's ID (m.ID, or the UUIDv7 assigned to the copy it sends when
+// m.ID is empty; m is never modified). It is PublishAsync followed by
+// Result.Get: see them for the ordering and blocking rules. The error is
+// typed: a message that breaks a rule fails before anything is sent
+// (keyorder.ErrMissingKey, *keyorder.LimitError matching
+// keyorder.ErrInvalidMessage); a paused key fails with
+// *keyorder.KeyPausedError; a broker error comes back as *keyorder.Error. A
+// message still unsent when Close gives up fails with an error matching
+// keyorder.ErrClosed. If ctx is already done, Publish returns ctx.Err() and
 // sends nothing. If ctx ends while the message waits for its key's batch in
-// flight, Publish returns ctx.Err() and the message stays queued in its place
-// and is sent (so a later publish of the key never overtakes it). A message
-// still unsent when Close gives up fails with an error matching
-// keyorder.ErrClosed.
-func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) error {
-	am, err := p.prepare(m)
-	if err != nil {
-		return err
-	}
-	return p.enqueue(ctx, []*adapters.Message{am})
+// flight, Publish returns its ID and ctx.Err(), and the message stays
+// queued in its place and is sent (so a later publish of the key never
+// overtakes it).
+func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) (string, error) {
+	return p.PublishAsync(ctx, m).Get(ctx)
 }
 
-// PublishBatch publishes several messages. Every message is validated first:
-// if one is invalid, nothing is sent and the error names its index. Messages
-// of one key are sent in slice order; the result joins the errors of the
-// keys that failed.
-func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) error {
-	ams := make([]*adapters.Message, len(ms))
+// PublishBatch publishes several messages and waits until the broker has
+// them (or they failed). It returns their IDs, ids[i] being ms[i]'s (as
+// Publish assigns them; ms is not modified). Every message is validated
+// first: if one is invalid, nothing is sent, ids is nil and the error names
+// its index. The batch is admitted as one unit under the outstanding
+// limits. Messages of one key are sent in slice order; the error joins the
+// errors of the keys that failed.
+func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	reqs := make([]request, len(ms))
+	ptrs := make([]*request, len(ms))
+	ids := make([]string, len(ms))
+	c := &call{left: len(ms), done: make(chan struct{})}
 	for i, m := range ms {
 		am, err := p.prepare(m)
 		if err != nil {
-			return fmt.Errorf("message %d: %w", i, err)
+			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
-		ams[i] = am
+		reqs[i] = request{m: am, size: msgSize(am), c: c}
+		ptrs[i] = &reqs[i]
+		ids[i] = am.ID
 	}
-	return p.enqueue(ctx, ams)
+	if err := p.admit(ctx, ptrs); err != nil {
+		return nil, err
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return ids, ctx.Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ids, errors.Join(c.errs...)
 }
 
 // prepare resolves the key, validates and converts m, exactly as every
@@ -233,38 +305,33 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 	return adapters.Prepare(m, p.cfg.Key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
-// enqueue queues ms behind their keys' in-flight batches and waits.
-func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if len(ms) == 0 {
+// pausedLocked returns the error of the first paused key among rs; p.mu is
+// held.
+func (p *Publisher) pausedLocked(rs []*request) error {
+	if len(p.paused) == 0 {
 		return nil
 	}
-	reqs := make([]request, len(ms))
-	c := &call{left: len(ms), done: make(chan struct{})}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return keyorder.ErrClosed
-	}
-	// Check every key before queueing any, so a paused key fails the call
-	// without half of it sent.
-	for _, m := range ms {
-		if cause, ok := p.paused[m.Key]; ok && m.Key != "" {
-			p.mu.Unlock()
-			return &keyorder.KeyPausedError{Key: m.Key, Cause: cause}
+	for _, r := range rs {
+		if cause, ok := p.paused[r.m.Key]; ok && r.m.Key != "" {
+			return &keyorder.KeyPausedError{Key: r.m.Key, Cause: cause}
 		}
 	}
+	return nil
+}
+
+// queueLocked queues admitted requests behind their keys' in-flight
+// batches, starting a sender where a key has none; p.mu is held.
+func (p *Publisher) queueLocked(rs []*request) {
 	var keyless []*request
-	for i, m := range ms {
-		r := &reqs[i]
-		r.m, r.c = m, c
-		if m.Key == "" {
+	for _, r := range rs {
+		p.flow.msgs++
+		p.flow.bytes += r.size
+		key := r.m.Key
+		if key == "" {
 			keyless = append(keyless, r)
 			continue
 		}
-		kq, ok := p.keys[m.Key]
+		kq, ok := p.keys[key]
 		if !ok {
 			if n := len(p.spare); n > 0 {
 				kq = p.spare[n-1]
@@ -273,9 +340,9 @@ func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
 			} else {
 				kq = &keyQueue{}
 			}
-			p.keys[m.Key] = kq
+			p.keys[key] = kq
 			p.senders.Add(1)
-			go p.sendKey(m.Key, kq)
+			go p.sendKey(key, kq)
 		}
 		kq.pending = append(kq.pending, r)
 	}
@@ -283,23 +350,19 @@ func (p *Publisher) enqueue(ctx context.Context, ms []*adapters.Message) error {
 		p.senders.Add(1)
 		go p.sendKeyless(keyless)
 	}
-	p.mu.Unlock()
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return errors.Join(c.errs...)
 }
 
 // sendKey sends a key's queued requests one batch at a time until none is
 // left; at most one sendKey runs per key.
 func (p *Publisher) sendKey(key string, kq *keyQueue) {
 	defer p.senders.Done()
+	settled, settledBytes := 0, 0 // finished, not yet released from flow
 	for {
 		p.mu.Lock()
+		if settled > 0 {
+			p.releaseLocked(settled, settledBytes)
+			settled, settledBytes = 0, 0
+		}
 		if len(kq.pending) == 0 {
 			delete(p.keys, key)
 			if len(p.spare) < spareMax {
@@ -322,6 +385,10 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		p.mu.Unlock()
 
 		err := p.send(batch, &kq.ms)
+		settled = len(batch)
+		for _, r := range batch {
+			settledBytes += r.size
+		}
 		if err == nil {
 			for _, r := range batch {
 				r.finish(nil)
@@ -329,18 +396,24 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 			clear(batch)
 			continue
 		}
-		// Pause (and fail what queued behind the batch) before the callers
-		// hear of the failure, so a publish they make next sees the pause,
-		// or under AutoResume is sent.
+		// Pause (and fail what queued behind the batch, or waits to be
+		// admitted) before the callers hear of the failure, so a publish
+		// they make next sees the pause, or under AutoResume is sent.
 		p.mu.Lock()
 		if !p.cfg.AutoResume {
 			p.paused[key] = err
 		}
+		perr := &keyorder.KeyPausedError{Key: key, Cause: err}
 		for _, r := range kq.pending {
-			r.finish(&keyorder.KeyPausedError{Key: key, Cause: err})
+			settled++
+			settledBytes += r.size
+			r.finish(perr)
 		}
 		clear(kq.pending)
 		kq.pending = kq.pending[:0]
+		p.failWaitingLocked(key, perr)
+		p.releaseLocked(settled, settledBytes)
+		settled, settledBytes = 0, 0
 		p.mu.Unlock()
 		for _, r := range batch {
 			r.finish(err)
@@ -371,9 +444,14 @@ func (p *Publisher) sendKeyless(rs []*request) {
 	for len(rs) > 0 {
 		n := p.fitBytes(rs[:min(len(rs), p.cfg.MaxBatch)])
 		err := p.send(rs[:n], &buf)
+		bytes := 0
 		for _, r := range rs[:n] {
+			bytes += r.size
 			r.finish(err)
 		}
+		p.mu.Lock()
+		p.releaseLocked(n, bytes)
+		p.mu.Unlock()
 		rs = rs[n:]
 	}
 }
@@ -438,7 +516,9 @@ func (p *Publisher) ResumeAll() int {
 	return n
 }
 
-// Close stops accepting messages, waits for queued ones to be sent (until
+// Close stops accepting messages (publishes blocked on the outstanding
+// limits fail with keyorder.ErrClosed, sending nothing), waits for queued
+// ones to be sent (until
 // ctx ends; then sends in progress are cancelled and every message not sent
 // fails with an error matching keyorder.ErrClosed) and closes the driver.
 // Publishing after Close returns keyorder.ErrClosed.
@@ -449,6 +529,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 		return keyorder.ErrClosed
 	}
 	p.closed = true
+	p.failWaitingLocked("", keyorder.ErrClosed)
 	p.mu.Unlock()
 	done := make(chan struct{})
 	go func() { p.senders.Wait(); close(done) }()

@@ -55,17 +55,26 @@ func TestKeyResolution(t *testing.T) {
 		{Headers: map[string]string{keyorder.HeaderPartitionKey: "header"}},
 		{},
 	}
+	var ids []string
 	for _, m := range msgs {
-		if err := p.Publish(ctx, m); err != nil {
+		id, err := p.Publish(ctx, m)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if u, err := uuid.Parse(m.ID); err != nil || u.Version() != 7 {
-			t.Fatalf("assigned ID %q is not a UUIDv7", m.ID)
+		if u, err := uuid.Parse(id); err != nil || u.Version() != 7 {
+			t.Fatalf("assigned ID %q is not a UUIDv7", id)
 		}
+		if m.ID != "" || m.Key != msgs[0].Key && m.Key != "" {
+			t.Fatalf("Publish modified the caller's message: %+v", m)
+		}
+		ids = append(ids, id)
 	}
 	got := receiveAll(t, s)
 	var keys []string
-	for _, m := range got {
+	for i, m := range got {
+		if m.ID != ids[i] {
+			t.Errorf("message %d sent with ID %q, Publish returned %q", i, m.ID, ids[i])
+		}
 		keys = append(keys, m.Key)
 		if _, ok := m.Headers[keyorder.HeaderPartitionKey]; ok {
 			t.Errorf("the key travelled as a header: %v", m.Headers)
@@ -132,7 +141,7 @@ func testOneBatchPerKeyInFlight(t *testing.T) {
 		key := fmt.Sprint("k", k)
 		wg.Go(func() {
 			for i := range perKey {
-				if err := p.Publish(ctx, &keyorder.Message{Key: key, Payload: fmt.Appendf(nil, "seq-%04d", i)}); err != nil {
+				if _, err := p.Publish(ctx, &keyorder.Message{Key: key, Payload: fmt.Appendf(nil, "seq-%04d", i)}); err != nil {
 					t.Error(err)
 				}
 			}
@@ -140,7 +149,7 @@ func testOneBatchPerKeyInFlight(t *testing.T) {
 		for range 4 {
 			wg.Go(func() {
 				for range perKey / 4 {
-					if err := p.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte("noise")}); err != nil {
+					if _, err := p.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte("noise")}); err != nil {
 						t.Error(err)
 					}
 				}
@@ -184,14 +193,17 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 		return boom
 	})
 	first := make(chan error, 1)
-	go func() { first <- p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("1")}) }()
+	go func() { _, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("1")}); first <- err }()
 	<-entered
 	// Queued behind the failing batch: they must fail without being sent.
 	behind := make(chan error, 3)
 	for i := range 3 {
-		go func() { behind <- p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: fmt.Appendf(nil, "b%d", i)}) }()
+		go func() {
+			_, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: fmt.Appendf(nil, "b%d", i)})
+			behind <- err
+		}()
 	}
-	if err := p.Publish(ctx, &keyorder.Message{Key: "good", Payload: []byte("g")}); err != nil {
+	if _, err := p.Publish(ctx, &keyorder.Message{Key: "good", Payload: []byte("g")}); err != nil {
 		t.Fatalf("another key was held by the failing one: %v", err)
 	}
 	close(release)
@@ -208,7 +220,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 		}
 	}
 	b.FailSends("t", nil)
-	if err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("2")}); !errors.Is(err, keyorder.ErrKeyPaused) {
+	if _, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("2")}); !errors.Is(err, keyorder.ErrKeyPaused) {
 		t.Fatalf("publish after the failure = %v, want ErrKeyPaused", err)
 	}
 	if got := receiveAll(t, s); len(got) != 1 || got[0].Key != "good" {
@@ -217,7 +229,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 	if n := p.ResumeAll(); n != 1 {
 		t.Fatalf("ResumeAll = %d", n)
 	}
-	if err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("3")}); err != nil {
+	if _, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("3")}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -227,18 +239,18 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 	var calls atomic.Int32
 	b.FailSends("t", func(ms []*adapters.Message) error {
 		if calls.Add(1) <= 2 {
-			return fmt.Errorf("flaky: %w", memory.Transient)
+			return fmt.Errorf("flaky: %w", memory.ErrTransient)
 		}
 		return nil
 	})
-	if err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte("x")}); err != nil {
+	if _, err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte("x")}); err != nil {
 		t.Fatalf("Publish after two transient failures = %v", err)
 	}
 	if got := receiveAll(t, s); len(got) != 1 {
 		t.Fatalf("delivered %d copies", len(got))
 	}
-	b.FailSends("t", func(ms []*adapters.Message) error { return fmt.Errorf("still flaky: %w", memory.Transient) })
-	err := p.Publish(context.Background(), &keyorder.Message{Key: "k2", Payload: []byte("x")})
+	b.FailSends("t", func(ms []*adapters.Message) error { return fmt.Errorf("still flaky: %w", memory.ErrTransient) })
+	_, err := p.Publish(context.Background(), &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	var ke *keyorder.Error
 	if !errors.As(err, &ke) || ke.Code != keyorder.CodeUnavailable || ke.Op != "publish" {
 		t.Fatalf("exhausted retries = %v, want *keyorder.Error with CodeUnavailable", err)
@@ -265,7 +277,7 @@ func TestConfigAndOpenErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	var le *keyorder.LimitError
-	if err := p.Publish(ctx, &keyorder.Message{Key: "12345"}); !errors.As(err, &le) || le.Max != 4 || le.Got != 5 {
+	if _, err := p.Publish(ctx, &keyorder.Message{Key: "12345"}); !errors.As(err, &le) || le.Max != 4 || le.Got != 5 {
 		t.Fatalf("key over maxkey = %v", err)
 	}
 	if err := p.Close(ctx); err != nil {

@@ -52,18 +52,18 @@ func TestCancelledWhileQueuedKeepsItsPlace(t *testing.T) {
 		}
 		ctx := context.Background()
 		first := make(chan error, 1)
-		go func() { first <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}) }()
+		go func() { _, err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}); first <- err }()
 		<-g.entered
 		cctx, cancel := context.WithCancel(ctx)
 		second := make(chan error, 1)
-		go func() { second <- p.Publish(cctx, &keyorder.Message{Key: "k", Payload: []byte("m2")}) }()
+		go func() { _, err := p.Publish(cctx, &keyorder.Message{Key: "k", Payload: []byte("m2")}); second <- err }()
 		synctest.Wait()
 		cancel()
 		if err := <-second; !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled publish = %v", err)
 		}
 		third := make(chan error, 1)
-		go func() { third <- p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m3")}) }()
+		go func() { _, err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m3")}); third <- err }()
 		synctest.Wait()
 		close(g.release)
 		if err := <-first; err != nil {
@@ -84,10 +84,10 @@ func TestPublishWithDoneContextSendsNothing(t *testing.T) {
 	_, p, s := setup(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}); !errors.Is(err, context.Canceled) {
+	if _, err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Publish with a done context = %v", err)
 	}
-	if err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte("m2")}); err != nil {
+	if _, err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte("m2")}); err != nil {
 		t.Fatal(err)
 	}
 	if got := payloads(receiveAll(t, s)); !slices.Equal(got, []string{"m2"}) {
@@ -103,7 +103,7 @@ func TestCloseSendsQueued(t *testing.T) {
 		closed := make(chan error, 1)
 		go func() { closed <- p.Close(ctx) }()
 		synctest.Wait()
-		if err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("late")}); !errors.Is(err, keyorder.ErrClosed) {
+		if _, err := p.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("late")}); !errors.Is(err, keyorder.ErrClosed) {
 			t.Fatalf("publish during Close = %v", err)
 		}
 		close(g.release)
@@ -158,7 +158,10 @@ func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Sub
 	}
 	errs := make(chan error, 3)
 	for _, m := range []string{"m1", "m2", "m3"} {
-		go func() { errs <- p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte(m)}) }()
+		go func() {
+			_, err := p.Publish(context.Background(), &keyorder.Message{Key: "k", Payload: []byte(m)})
+			errs <- err
+		}()
 		synctest.Wait()
 	}
 	return p, g, s, errs

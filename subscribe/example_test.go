@@ -40,7 +40,7 @@ func ExampleSubscriber_Run() {
 	for _, m := range []struct{ key, payload string }{
 		{"acct-42", "101"}, {"acct-7", "201"}, {"acct-42", "102"}, {"acct-7", "202"}, {"acct-42", "103"},
 	} {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: m.key, Payload: []byte(m.payload)}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: m.key, Payload: []byte(m.payload)}); err != nil {
 			panic(err)
 		}
 	}
@@ -102,7 +102,7 @@ func ExampleSubscriber_Redrive() {
 	defer pub.Close(context.Background())
 	publishAll := func(payloads ...string) {
 		for _, p := range payloads {
-			if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
+			if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
 				panic(err)
 			}
 		}

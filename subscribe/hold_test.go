@@ -93,7 +93,7 @@ func TestDelayedKeyDoesNotStarveOtherKeys(t *testing.T) {
 		})
 		stop = stopOnce(stop)
 		defer stop()
-		if err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: time.Now().Add(time.Minute)}); err != nil {
+		if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: time.Now().Add(time.Minute)}); err != nil {
 			t.Fatal(err)
 		}
 		for _, id := range []string{"a2", "a3", "a4", "a5", "a6"} {
@@ -311,7 +311,7 @@ func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*adapters.Messa
 	failed := false
 	e.once.Do(func() { failed = true })
 	if err == nil && failed {
-		return ms, fmt.Errorf("stream broke: %w", memory.Transient)
+		return ms, fmt.Errorf("stream broke: %w", memory.ErrTransient)
 	}
 	return ms, err
 }

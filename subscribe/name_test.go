@@ -27,7 +27,7 @@ func TestDeliverySubscriptionIsTheName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	if err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")}); err != nil {
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan string, 1)

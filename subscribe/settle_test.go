@@ -63,7 +63,7 @@ func (f *flaky) total() int {
 }
 
 func transient(op memory.SettleOp) error {
-	return fmt.Errorf("%s: connection reset: %w", op, memory.Transient)
+	return fmt.Errorf("%s: connection reset: %w", op, memory.ErrTransient)
 }
 
 // run is one handler call as the test saw it.

@@ -44,7 +44,7 @@ func newWorld(t *testing.T, cfg *memory.SubscriptionConfig) *world {
 
 func (w *world) publish(t *testing.T, id, key string) {
 	t.Helper()
-	if err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: key, Payload: []byte(id)}); err != nil {
+	if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: key, Payload: []byte(id)}); err != nil {
 		t.Fatal(err)
 	}
 }

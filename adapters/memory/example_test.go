@@ -42,7 +42,7 @@ func Example() {
 	}
 	defer pub.Close(ctx)
 	for _, p := range []string{"101", "102"} {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(p)}); err != nil {
 			panic(err)
 		}
 	}
@@ -107,7 +107,7 @@ func ExampleBroker() {
 		{Key: "acct-42", Payload: []byte("101"), NotBefore: notBefore},
 		{Key: "acct-42", Payload: []byte("102")},
 	} {
-		if err := pub.Publish(ctx, m); err != nil {
+		if _, err := pub.Publish(ctx, m); err != nil {
 			panic(err)
 		}
 	}

@@ -43,7 +43,7 @@
 // # Fault injection
 //
 // Broker.FailSends and Broker.FailSettlements make sends and settlement
-// calls fail on demand, transiently (errors wrapping Transient, which
+// calls fail on demand, transiently (errors wrapping ErrTransient, which
 // IsRetryable reports true) or permanently, before or after taking effect,
 // so the portable layer's retries can be tested without a network.
 // Subscription.Crash makes one consumer die: its leases expire without
@@ -208,11 +208,9 @@ func (b *Broker) CreateSubscription(topicName, name string, cfg *SubscriptionCon
 }
 
 var (
-	errConflict   = errors.New("already exists with another configuration")
-	errNoLease    = errors.New("memory: lease not held (expired or settled)")
-	errClosed     = errors.New("memory: closed")
-	errNotFound   = errors.New("memory: not found")
-	errUnknownMsg = errors.New("memory: message not from this subscription")
+	errConflict = errors.New("already exists with another configuration")
+	errNoLease  = errors.New("memory: lease not held (expired or settled)")
+	errNotFound = errors.New("memory: not found")
 )
 
 // FailSends makes every SendBatch on topic call fn first; a non-nil result
@@ -240,7 +238,7 @@ const (
 // Fault is what an injected settlement failure does. The zero Fault lets
 // the call through.
 type Fault struct {
-	// Err is returned by the call. Wrap Transient to make it retryable
+	// Err is returned by the call. Wrap ErrTransient to make it retryable
 	// (IsRetryable reports true); any other error is permanent.
 	Err error
 	// Applied makes the call take effect before Err is returned, as when
@@ -328,8 +326,8 @@ func (t *Topic) Limits() adapters.Limits {
 }
 
 // IsRetryable reports false: the memory broker has no transient failures
-// except those a test injects, which it marks with Transient.
-func (t *Topic) IsRetryable(err error) bool { return errors.Is(err, Transient) }
+// except those a test injects, which it marks with ErrTransient.
+func (t *Topic) IsRetryable(err error) bool { return errors.Is(err, ErrTransient) }
 
 // ErrorCode classifies memory errors.
 func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
@@ -337,8 +335,8 @@ func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) 
 // Close does nothing.
 func (t *Topic) Close() error { return nil }
 
-// Transient can be wrapped by an injected failure to make it retryable.
-var Transient = errors.New("memory: transient failure")
+// ErrTransient can be wrapped by an injected failure to make it retryable.
+var ErrTransient = errors.New("memory: transient failure")
 
 func errorCode(err error) keyorder.ErrorCode {
 	switch {
@@ -346,7 +344,7 @@ func errorCode(err error) keyorder.ErrorCode {
 		return keyorder.CodeNotFound
 	case errors.Is(err, errConflict):
 		return keyorder.CodeFailedPrecondition
-	case errors.Is(err, Transient):
+	case errors.Is(err, ErrTransient):
 		return keyorder.CodeUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return keyorder.CodeCanceled
@@ -359,7 +357,6 @@ func errorCode(err error) keyorder.ErrorCode {
 type Subscription struct {
 	s        *subscription
 	consumer int
-	closed   bool
 
 	crashed   atomic.Bool
 	crash     chan struct{} // closed by Crash
@@ -471,7 +468,7 @@ func (d *Subscription) Capabilities() adapters.Capabilities {
 }
 
 // IsRetryable reports whether err is transient.
-func (d *Subscription) IsRetryable(err error) bool { return errors.Is(err, Transient) }
+func (d *Subscription) IsRetryable(err error) bool { return errors.Is(err, ErrTransient) }
 
 // ErrorCode classifies memory errors.
 func (d *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

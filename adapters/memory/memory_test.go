@@ -128,10 +128,10 @@ func TestURLParameters(t *testing.T) {
 	}
 	pub, _ := publish.New(tp, nil)
 	var le *keyorder.LimitError
-	if err := pub.Publish(ctx, &keyorder.Message{Key: "k"}); !errors.As(err, &le) || le.Limit != "empty payload" {
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k"}); !errors.As(err, &le) || le.Limit != "empty payload" {
 		t.Fatalf("empty payload = %v", err)
 	}
-	if err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, 9)}); !errors.As(err, &le) || le.Max != 8 || le.Got != 9 {
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, 9)}); !errors.As(err, &le) || le.Max != 8 || le.Got != 9 {
 		t.Fatalf("payload over maxpayload = %v", err)
 	}
 }

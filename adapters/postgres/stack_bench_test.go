@@ -35,7 +35,7 @@ func BenchmarkStackOrdered(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				msgs = append(msgs, &keyorder.Message{ID: fmt.Sprint(i), Key: fmt.Sprint("key-", i%1000), Payload: make([]byte, 100)})
 				if len(msgs) == cap(msgs) || i == b.N-1 {
-					if err := pub.PublishBatch(ctx, msgs); err != nil {
+					if _, err := pub.PublishBatch(ctx, msgs); err != nil {
 						b.Fatal(err)
 					}
 					msgs = msgs[:0]

@@ -98,9 +98,10 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 // visible to consumers exactly when tx commits, and vanish if it rolls back
 // (the outbox pattern). Messages are validated exactly as
 // publish.Publisher validates them (adapters.Prepare): an empty ID gets a
-// UUIDv7; an empty Key is taken from the keyorder.HeaderPartitionKey header;
-// a message with neither is rejected with keyorder.ErrMissingKey unless
-// Options.MissingKey is Unordered; a message over a limit fails with a
+// UUIDv7 in the stored row (ms are not modified: choose IDs with
+// keyorder.NewID to know them); an empty Key is taken from the
+// keyorder.HeaderPartitionKey header; a message with neither is rejected
+// with keyorder.ErrMissingKey unless Options.MissingKey is Unordered; a message over a limit fails with a
 // *keyorder.LimitError. Nothing is inserted unless every message is valid.
 //
 // Until tx ends, the heads of the keys it published are locked: consumers

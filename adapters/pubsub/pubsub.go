@@ -54,7 +54,11 @@
 // does not do. pstest (cloud.google.com/go/pubsub/v2/pstest) hands out only
 // the oldest unacknowledged message of each key, so a key's next message
 // arrives only after the previous one is acknowledged, and Exclusive
-// behaves as Ordered on it.
+// behaves as Ordered on it. Both hold a Pull when nothing is available:
+// the emulator until messages come (measured: 15 to 100ms after a publish
+// or an acknowledgement releases a key) or until about a second before the
+// Pull's deadline, when it answers empty; pstest for 500ms, then it answers
+// with what is there.
 //
 // Pub/Sub has no per-message delay. A message published with a NotBefore
 // time carries it in the keyorder-not-before attribute (RFC 3339, nanosecond
@@ -63,16 +67,26 @@
 // # Delivery semantics
 //
 // At least once. The subscription driver pulls with the unary Pull RPC
-// (asking for an immediate answer, polling every 20 to 200ms while idle)
-// rather than the client library's callback-based Receive, and manages ack
-// deadlines itself: the library's Receive extends the deadline of every
-// message it has buffered until the process stops it, so a consumer that
-// took a message and hung would hold its key forever, and it hides the ack
-// IDs the driver needs to tell a lost lease. A received message is leased
-// for the
-// subscription's ack deadline (Capabilities.LeaseDuration) and the
-// subscriber extends it with ModifyAckDeadline while the message is held or
-// handled. A consumer that dies stops extending, the deadline passes and
+// rather than the client library's callback-based Receive (StreamingPull),
+// and manages ack deadlines itself: the library's Receive extends the
+// deadline of every message it has buffered until the process stops it, so
+// a consumer that took a message and hung would hold its key forever, and
+// it hides the ack IDs the driver needs to tell a lost lease. Each Pull is a
+// long poll (never the deprecated ReturnImmediately, with which the service
+// answers empty even when messages exist): it asks for no more messages
+// than the subscriber has room for, the service answers as soon as some are
+// available, and a Pull that reaches its 2-second deadline empty is simply
+// sent again. When the subscriber stops (or the driver is closed) with a
+// Pull in flight, the Pull is not cancelled but left to answer or reach
+// its deadline, so shutdown waits at most 2 seconds for it; what it brings
+// meanwhile is handed back at once (ModifyAckDeadline 0). A Pull that
+// reaches its deadline on the service (or one cancelled in flight) may
+// have leased messages its answer never brings: Pub/Sub redelivers them
+// when their ack deadline passes. A received message is
+// leased for the subscription's ack deadline (Capabilities.LeaseDuration),
+// counted from when the Pull was sent or, for a Pull the service held
+// longer, from one second before its answer arrived; the subscriber
+// extends it with ModifyAckDeadline while the message is held or handled. A consumer that dies stops extending, the deadline passes and
 // Pub/Sub redelivers the message, counting the attempt: subscriptions are
 // created with a dead-letter policy (topic <subscription>-dead, at most
 // maxdeliveryattempts deliveries) because only then does Pub/Sub report

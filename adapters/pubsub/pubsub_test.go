@@ -83,7 +83,7 @@ func TestURLOpenerCreatesAndKeepsOrdering(t *testing.T) {
 		t.Fatalf("reopen with parallel = %v, want ErrOrderingMismatch", err)
 	}
 
-	if err := pub.Publish(ctx, &keyorder.Message{ID: "101", Key: "acct-42", Payload: []byte("-500"), NotBefore: time.Now().Add(time.Hour).Round(0)}); err != nil {
+	if _, err := pub.Publish(ctx, &keyorder.Message{ID: "101", Key: "acct-42", Payload: []byte("-500"), NotBefore: time.Now().Add(time.Hour).Round(0)}); err != nil {
 		t.Fatal(err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -136,12 +136,12 @@ func TestKeyTooLongRejectedBeforeSending(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close(context.Background())
-	err = p.Publish(context.Background(), &keyorder.Message{Key: strings.Repeat("k", 1025), Payload: []byte("x")})
+	_, err = p.Publish(context.Background(), &keyorder.Message{Key: strings.Repeat("k", 1025), Payload: []byte("x")})
 	var le *keyorder.LimitError
 	if !errors.As(err, &le) || le.Max != 1024 || le.Backend != "pubsub" {
 		t.Fatalf("1025-byte key: %v, want a LimitError of 1024", err)
 	}
-	if err := p.Publish(context.Background(), &keyorder.Message{Key: strings.Repeat("k", 1024), Payload: []byte("x")}); err != nil {
+	if _, err := p.Publish(context.Background(), &keyorder.Message{Key: strings.Repeat("k", 1024), Payload: []byte("x")}); err != nil {
 		t.Fatalf("1024-byte key: %v", err)
 	}
 	if n := len(srv.Messages()); n != 1 {
@@ -156,7 +156,7 @@ func TestOrderingKeyCarriedNatively(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close(context.Background())
-	if err := p.Publish(context.Background(), &keyorder.Message{
+	if _, err := p.Publish(context.Background(), &keyorder.Message{
 		ID: "m1", Key: "acct-42", Payload: []byte("x"),
 		Headers: map[string]string{"trace": "abc", keyorder.HeaderPartitionKey: "acct-42"},
 	}); err != nil {

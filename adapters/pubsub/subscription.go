@@ -13,6 +13,8 @@ import (
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -20,8 +22,8 @@ import (
 )
 
 // Subscription is the adapters.Subscription driver of one consumer of a
-// Pub/Sub subscription. It pulls with the unary Pull RPC and keeps each
-// message's ack deadline itself (see the package documentation).
+// Pub/Sub subscription. It long-polls with the unary Pull RPC and keeps
+// each message's ack deadline itself (see the package documentation).
 type Subscription struct {
 	client    *gpubsub.Client
 	name      string // projects/p/subscriptions/s
@@ -33,6 +35,12 @@ type Subscription struct {
 	maxBatch  int
 	ownClient bool
 	log       *slog.Logger
+
+	// life is cancelled by Close; closing is its Done channel.
+	life     context.Context
+	stop     context.CancelFunc
+	closing  <-chan struct{}
+	inflight sync.WaitGroup // Pulls in flight (and their hand-back after Close)
 
 	mu       sync.Mutex
 	closed   bool
@@ -70,7 +78,11 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 		return nil, err
 	}
 	project := client.Project()
+	life, stop := context.WithCancel(context.Background())
 	return &Subscription{
+		life:      life,
+		stop:      stop,
+		closing:   life.Done(),
 		client:    client,
 		name:      name,
 		topic:     sub.Topic,
@@ -85,31 +97,54 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 
 var errClosed = errors.New("pubsub: subscription driver closed")
 
-// Idle polling of Receive: the wait after an empty pull starts at
-// pollMin and doubles up to pollMax.
+// The receive path: long-poll Pull (see Receive).
 const (
-	pollMin = 20 * time.Millisecond
-	pollMax = 200 * time.Millisecond
-	// pullTimeout bounds one Pull request.
-	pullTimeout = 30 * time.Second
+	// pullWait is the deadline of one Pull. The service holds a Pull
+	// until messages are available or the deadline is near; Google's
+	// emulator answers empty about a second before it, the service ends
+	// it with DEADLINE_EXCEEDED, which Receive takes as an empty answer.
+	// Short enough to bound shutdown: a Pull in flight when the consumer
+	// stops is not cancelled but left to end by itself.
+	pullWait = 2 * time.Second
+	// shutdownGrace is how long a Pull in flight when Receive's context
+	// ends (or the driver is closed) is given to answer before it is
+	// cancelled: its whole deadline. The emulator keeps dispatching to a
+	// cancelled Pull until its own wait ends (measured: a message
+	// published after the cancel stranded until its ack deadline), and
+	// the subscriber hands its held messages back right after Receive
+	// returns; with a shorter grace, a slow emulator gave them to the
+	// cancelled Pull.
+	shutdownGrace = pullWait
+	// leaseSlack is how long before a Pull's answer arrived the service
+	// may have leased its messages (the answer's transit): a message's
+	// lease is counted from max(sent, answered-leaseSlack).
+	leaseSlack = time.Second
+	// emptyPause is the pause after an empty answer that came back
+	// faster than a long poll can (a server that does not hold Pulls),
+	// so that Receive does not spin.
+	emptyPause = 20 * time.Millisecond
 )
 
-// Receive pulls up to maxMessages, polling until at least one arrives or
+// Receive pulls up to maxMessages, waiting until at least one arrives or
 // ctx is done. Messages are returned oldest publish time first (the service
 // returns a pull's messages in no particular order across keys; a key's
 // messages stay in key order).
 //
-// Each Pull asks the service to return at once (ReturnImmediately) and is
-// never cancelled by ctx: a Pull cancelled in flight may have leased
-// messages that the answer then never brings, and those would come back
-// only when their ack deadline expires, behind their key's later messages
-// on Google's emulator. When a pull brings messages after ctx is done,
-// Receive returns them (the subscriber releases what it will not handle).
+// Each Pull is a long poll: the service answers as soon as messages are
+// available (it does not set the deprecated ReturnImmediately, with which
+// the service answers empty even when messages exist). A Pull in flight
+// when ctx ends, or when the driver is closed, is given shutdownGrace to
+// answer before it is cancelled: messages it brings then are returned
+// together with ctx's error (the subscriber releases them at once), or
+// released by Receive itself after Close. A Pull cancelled in flight may
+// have leased messages that its answer never brings; they come back when
+// their ack deadline passes (on Google's emulator behind their key's
+// later messages). The grace, the Pull's whole deadline, makes that rare:
+// the emulator answers every Pull within about pullWait minus a second.
 func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
 	}
-	wait := pollMin
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -117,55 +152,132 @@ func (s *Subscription) Receive(ctx context.Context, maxMessages int) ([]*adapter
 		}
 	}()
 	for {
-		s.mu.Lock()
-		closed := s.closed
-		s.mu.Unlock()
-		if closed {
-			return nil, errClosed
-		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		sent := time.Now()
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
-		resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
-			Subscription:      s.name,
-			MaxMessages:       int32(maxMessages),
-			ReturnImmediately: true, //nolint:staticcheck // see above: a pull must not be cancelled in flight
-		})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, err
+		ms, err := s.pullOnce(ctx, maxMessages)
+		if len(ms) > 0 {
+			return ms, ctx.Err()
 		}
-		if len(resp.ReceivedMessages) > 0 {
-			out := make([]*adapters.Message, 0, len(resp.ReceivedMessages))
-			for _, rm := range resp.ReceivedMessages {
-				out = append(out, s.fromPubSub(rm, sent))
+		if err != nil {
+			if errors.Is(err, errClosed) || ctx.Err() == nil {
+				return nil, err
 			}
-			slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
-			return out, nil
+			return nil, ctx.Err()
+		}
+		if time.Since(sent) >= emptyPause {
+			continue
 		}
 		if timer == nil {
-			timer = time.NewTimer(wait)
+			timer = time.NewTimer(emptyPause)
 		} else {
-			timer.Reset(wait)
+			timer.Reset(emptyPause)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-s.closing:
+			return nil, errClosed
 		case <-timer.C:
 		}
-		wait = min(2*wait, pollMax)
 	}
 }
 
-func (s *Subscription) fromPubSub(rm *pubsubpb.ReceivedMessage, sent time.Time) *adapters.Message {
+// pullOnce sends one Pull and converts its answer. After Close it returns
+// errClosed, handing back what a Pull in flight brought; Close waits for
+// that before closing the client.
+func (s *Subscription) pullOnce(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errClosed
+	}
+	s.inflight.Add(1)
+	s.mu.Unlock()
+	defer s.inflight.Done()
+	sent := time.Now()
+	rms, err := s.pull(ctx, maxMessages)
+	answered := time.Now()
+	var out []*adapters.Message
+	if len(rms) > 0 {
+		out = make([]*adapters.Message, 0, len(rms))
+		for _, rm := range rms {
+			out = append(out, s.fromPubSub(rm, sent, answered))
+		}
+		slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+	}
+	if s.isClosed() {
+		if len(out) > 0 {
+			s.releaseOnClose(out)
+		}
+		return nil, errClosed
+	}
+	return out, err
+}
+
+// pull sends one long-poll Pull with a deadline of pullWait, not cancelled
+// by ctx or Close until shutdownGrace after either ends. A Pull that
+// reaches its own deadline is an empty answer (nil, nil).
+func (s *Subscription) pull(ctx context.Context, maxMessages int) ([]*pubsubpb.ReceivedMessage, error) {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullWait)
+	defer cancel()
+	var (
+		once  sync.Once
+		grace *time.Timer
+	)
+	stopping := func() { once.Do(func() { grace = time.AfterFunc(shutdownGrace, cancel) }) }
+	stopOnCtx := context.AfterFunc(ctx, stopping)
+	stopOnClose := context.AfterFunc(s.life, stopping)
+	defer func() {
+		stopOnCtx()
+		stopOnClose()
+		once.Do(func() {}) // waits for a stopping under way
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	resp, err := s.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
+		Subscription: s.name,
+		MaxMessages:  int32(maxMessages),
+	})
+	if err != nil && len(resp.GetReceivedMessages()) == 0 && status.Code(err) == codes.DeadlineExceeded {
+		// The service held the Pull to its deadline: nothing came. The
+		// deadline can only be pullWait's (pctx drops ctx's), and the
+		// status may come before pctx's own timer has fired, from the
+		// server or from gRPC's clock.
+		return nil, nil
+	}
+	return resp.GetReceivedMessages(), err
+}
+
+func (s *Subscription) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// releaseOnClose hands back messages a Pull brought after Close began.
+func (s *Subscription) releaseOnClose(ms []*adapters.Message) {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := s.modify(ctx, ms, 0); err != nil {
+		s.log.Warn("keyorder pubsub: handing back messages pulled while closing failed; Pub/Sub redelivers them after their ack deadline",
+			"subscription", s.name, "count", len(ms), "err", err)
+	}
+}
+
+// fromPubSub converts a pulled message. Its lease is counted from when the
+// service may have leased it at the earliest: when the Pull was sent, or
+// leaseSlack before its answer arrived if the Pull waited longer than that.
+func (s *Subscription) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered time.Time) *adapters.Message {
 	pm := rm.GetMessage()
 	m := s.fromMessage(pm)
-	m.AckID = &delivery{ackID: rm.AckId, deadline: sent.Add(s.lease)}
+	leased := sent
+	if t := answered.Add(-leaseSlack); t.After(leased) {
+		leased = t
+	}
+	m.AckID = &delivery{ackID: rm.AckId, deadline: leased.Add(s.lease)}
 	m.Attempt = max(int(rm.DeliveryAttempt), 1)
 	return m
 }
@@ -385,7 +497,9 @@ func (s *Subscription) IsRetryable(err error) bool { return isRetryable(err) }
 // ErrorCode classifies err by its gRPC status code.
 func (s *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
-// Close stops the driver. Unsettled messages are left to Pub/Sub: their ack
+// Close stops the driver. A Receive in flight returns errClosed within
+// about shutdownGrace; messages its Pull brings meanwhile are handed back
+// to Pub/Sub. Other unsettled messages are left to Pub/Sub: their ack
 // deadlines expire and they are redelivered. It closes the client if the
 // driver opened it (URL opener).
 func (s *Subscription) Close() error {
@@ -397,6 +511,10 @@ func (s *Subscription) Close() error {
 	s.closed = true
 	dead, topic := s.deadPub, s.topicPub
 	s.mu.Unlock()
+	// A Pull in flight gets shutdownGrace to answer; what it brings is
+	// handed back before the client closes.
+	s.stop()
+	s.inflight.Wait()
 	if dead != nil {
 		dead.Stop()
 		topic.Stop()
@@ -414,7 +532,9 @@ func (s *Subscription) pullDead(ctx context.Context) ([]*pubsubpb.ReceivedMessag
 	seen := map[string]bool{}
 	for {
 		resp, err := s.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{
-			Subscription: s.deadSub, MaxMessages: 1000, ReturnImmediately: true, //nolint:staticcheck // a listing must not wait
+			Subscription: s.deadSub, MaxMessages: 1000,
+			//lint:ignore SA1019 a listing must not wait for messages to arrive
+			ReturnImmediately: true,
 		})
 		if err != nil {
 			s.releaseDead(all)

@@ -45,7 +45,7 @@ func TestKilledConsumerKeysMove(t *testing.T) {
 	}
 	defer pub.Close(ctx)
 	for i := range 5 {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(strconv.Itoa(i))}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(strconv.Itoa(i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -205,7 +205,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 			defer wg.Done()
 			key := "k" + strconv.Itoa(k)
 			for i := range perKey {
-				if err := pub.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte(key + "/" + strconv.Itoa(i))}); err != nil {
+				if _, err := pub.Publish(ctx, &keyorder.Message{Key: key, Payload: []byte(key + "/" + strconv.Itoa(i))}); err != nil {
 					t.Error(err)
 					return
 				}

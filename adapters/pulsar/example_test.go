@@ -32,7 +32,7 @@ func Example() {
 		panic(err)
 	}
 	defer pub.Close(ctx)
-	err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(`{"delta":-500}`)})
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(`{"delta":-500}`)})
 	if err != nil {
 		panic(err)
 	}

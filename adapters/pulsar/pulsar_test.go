@@ -109,7 +109,7 @@ func TestProveWhyKeyorderRetriesBeforeSuccessors(t *testing.T) {
 	}
 	defer pub.Close(ctx)
 	for i := range 5 {
-		if err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(strconv.Itoa(i))}); err != nil {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte(strconv.Itoa(i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -283,7 +283,7 @@ func TestBadInputNothingSent(t *testing.T) {
 		"headers too big": {Key: "a", Payload: []byte("x"), Headers: map[string]string{"h": strings.Repeat("v", pulsar.MaxPropertyBytes)}},
 		"missing key":     {Payload: []byte("x")},
 	} {
-		err := pub.Publish(ctx, m)
+		_, err := pub.Publish(ctx, m)
 		if !errors.Is(err, keyorder.ErrInvalidMessage) && !errors.Is(err, keyorder.ErrMissingKey) {
 			t.Errorf("%s: %v, want ErrInvalidMessage", name, err)
 		}
@@ -347,7 +347,7 @@ func TestURLOpener(t *testing.T) {
 		t.Fatalf("sticky: %v", err)
 	}
 	sticky.Close()
-	if err := pub.Publish(ctx, &keyorder.Message{Key: "a", Payload: []byte("hello"), Headers: map[string]string{"h": "v"}}); err != nil {
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "a", Payload: []byte("hello"), Headers: map[string]string{"h": "v"}}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := drv.Receive(ctx, 5)

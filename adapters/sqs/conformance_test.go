@@ -39,6 +39,7 @@ func newClient(t *testing.T) (*awssqs.Client, string) {
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
 		Retryer:      aws.NopRetryer{},
+		HTTPClient:   sqs.NewHTTPClient(),
 	}), endpoint
 }
 

@@ -44,7 +44,15 @@
 // environment variables, the shared config and credentials files with the
 // URL's profile, web identity (EKS), container and instance roles), and
 // keeps the SDK's standard retryer (see URLOpener for why every call is
-// safe to retry). For anything else build a client yourself and use
+// safe to retry). Its HTTP client is NewHTTPClient's: the SDK's default
+// keeps only 10 idle connections per host (net/http's default is 2, the SDK
+// raises it), so with more concurrent senders or receivers every extra
+// request opens a connection and closes it after use; under load (200 keys
+// publishing at once) the endpoint then resets connections, which showed as
+// failed publishes and paused keys against ElasticMQ. NewHTTPClient keeps
+// up to MaxIdleConnsPerHostDefault (256). For anything else build a client
+// yourself (pass NewHTTPClient to config.WithHTTPClient, or set
+// sqs.Options.HTTPClient, when many keys publish concurrently) and use
 // OpenTopic and OpenSubscription.
 //
 // # Ordering
@@ -173,6 +181,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -191,6 +200,23 @@ import (
 
 // Scheme is the URL scheme the package registers.
 const Scheme = "sqs"
+
+// MaxIdleConnsPerHostDefault is how many idle connections to the endpoint
+// NewHTTPClient keeps: enough for one request per key in flight with a few
+// hundred keys publishing (the publisher keeps one batch per key in
+// flight), instead of the SDK's 10.
+const MaxIdleConnsPerHostDefault = 256
+
+// NewHTTPClient returns the SDK's buildable HTTP client with
+// MaxIdleConnsPerHost and MaxIdleConns raised to MaxIdleConnsPerHostDefault,
+// the client the URL opener uses. Pass it to config.WithHTTPClient or set
+// it as sqs.Options.HTTPClient when building a client of your own.
+func NewHTTPClient() *awshttp.BuildableClient {
+	return awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+		tr.MaxIdleConnsPerHost = MaxIdleConnsPerHostDefault
+		tr.MaxIdleConns = max(tr.MaxIdleConns, MaxIdleConnsPerHostDefault)
+	})
+}
 
 // Attribute names the driver uses. User headers must not use AttrPrefix.
 const (
@@ -649,7 +675,7 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 // with the URL's region, profile and endpoint, and the SDK's retryer (see
 // URLOpener).
 func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error) {
-	var lo []func(*config.LoadOptions) error
+	lo := []func(*config.LoadOptions) error{config.WithHTTPClient(NewHTTPClient())}
 	if c.region != "" {
 		lo = append(lo, config.WithRegion(c.region))
 	}

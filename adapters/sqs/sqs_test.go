@@ -169,7 +169,7 @@ func TestPayloadLimit(t *testing.T) {
 	}
 	defer p.Close(context.Background())
 	var le *keyorder.LimitError
-	err = p.Publish(t.Context(), &keyorder.Message{Key: "k", Payload: make([]byte, sqs.MaxPayloadBytes+1)})
+	_, err = p.Publish(t.Context(), &keyorder.Message{Key: "k", Payload: make([]byte, sqs.MaxPayloadBytes+1)})
 	if !errors.As(err, &le) || le.Max != sqs.MaxPayloadBytes {
 		t.Fatalf("payload over MaxPayloadBytes: %v", err)
 	}
@@ -181,7 +181,7 @@ func TestPayloadLimit(t *testing.T) {
 		t.Fatalf("binary payload over the encoded limit: %v (code %v)", err, topic.ErrorCode(err))
 	}
 	// Text payloads of exactly MaxPayloadBytes go through.
-	if err := p.Publish(t.Context(), &keyorder.Message{ID: "max", Key: "k", Payload: []byte(strings.Repeat("x", sqs.MaxPayloadBytes))}); err != nil {
+	if _, err := p.Publish(t.Context(), &keyorder.Message{ID: "max", Key: "k", Payload: []byte(strings.Repeat("x", sqs.MaxPayloadBytes))}); err != nil {
 		t.Fatalf("text payload of MaxPayloadBytes: %v", err)
 	}
 	out, err := client.GetQueueAttributes(t.Context(), &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(q), AttributeNames: []awstypes.QueueAttributeName{"ApproximateNumberOfMessages"}})
@@ -506,4 +506,13 @@ func TestURLCredentialsChain(t *testing.T) {
 		t.Fatalf("with environment credentials: %v", err)
 	}
 	sub.Close()
+}
+
+// The URL opener's HTTP client keeps enough idle connections for a few
+// hundred keys in flight (the SDK's default keeps 10 per host).
+func TestHTTPClientKeepsIdleConnections(t *testing.T) {
+	tr := sqs.NewHTTPClient().GetTransport()
+	if tr.MaxIdleConnsPerHost != sqs.MaxIdleConnsPerHostDefault || tr.MaxIdleConns < sqs.MaxIdleConnsPerHostDefault {
+		t.Fatalf("MaxIdleConnsPerHost %d, MaxIdleConns %d", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+	}
 }

@@ -48,7 +48,7 @@ func throughput(t *testing.T, n int, opts *sqs.Options) {
 	// One call per 1000: the publisher sends each key's messages in order,
 	// one batch per key in flight, keys concurrently.
 	for i := 0; i < n; i += 1000 {
-		if err := p.PublishBatch(context.Background(), ms[i:min(i+1000, n)]); err != nil {
+		if _, err := p.PublishBatch(context.Background(), ms[i:min(i+1000, n)]); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -93,17 +93,20 @@ func (p *Publisher) Publish(topic string, ms ...*message.Message) error {
 		}
 		kms[i] = &keyorder.Message{ID: m.UUID, Key: keys[i], Payload: m.Payload, Headers: h}
 	}
+	var ids []string
 	if len(kms) == 1 {
-		err = kp.Publish(context.Background(), kms[0])
+		var id string
+		id, err = kp.Publish(context.Background(), kms[0])
+		ids = []string{id}
 	} else {
-		err = kp.PublishBatch(context.Background(), kms)
+		ids, err = kp.PublishBatch(context.Background(), kms)
 	}
 	if err != nil {
 		return fmt.Errorf("watermill: publish to %q: %w", topic, err)
 	}
 	for i, m := range ms {
 		if m.UUID == "" {
-			m.UUID = kms[i].ID
+			m.UUID = ids[i]
 		}
 	}
 	return nil

@@ -61,7 +61,7 @@ func (c *cli) publish(ctx context.Context, args []string) error {
 	if *delay > 0 {
 		m.NotBefore = time.Now().Add(*delay)
 	}
-	perr := pub.Publish(ctx, m)
+	sentID, perr := pub.Publish(ctx, m)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := pub.Close(cctx); err != nil && perr == nil {
@@ -71,8 +71,8 @@ func (c *cli) publish(ctx context.Context, args []string) error {
 		return fmt.Errorf("publish: %w", perr)
 	}
 	if c.json {
-		return c.emitJSON(map[string]any{"id": m.ID, "key": m.Key, "bytes": len(payload)})
+		return c.emitJSON(map[string]any{"id": sentID, "key": m.Key, "bytes": len(payload)})
 	}
-	c.printf("published %s (key %q, %d bytes)\n", m.ID, m.Key, len(payload))
+	c.printf("published %s (key %q, %d bytes)\n", sentID, m.Key, len(payload))
 	return nil
 }

@@ -132,7 +132,7 @@ func run() error {
 	}
 	for _, a := range adjustments {
 		m := &keyorder.Message{ID: run + "-" + a.id, Key: a.account, Payload: fmt.Appendf(nil, "%s %d", a.id, a.delta)}
-		if err := pub.Publish(ctx, m); err != nil {
+		if _, err := pub.Publish(ctx, m); err != nil {
 			return fmt.Errorf("publish %s: %w", a.id, err)
 		}
 	}
@@ -164,7 +164,7 @@ func run() error {
 	want := []string{"101 failed", "101 -800 = 200", "102 +500 = 700", "103 -600 = 100"}
 	got := results["ordered"].history["acct-42"]
 	if !slices.Equal(got, want) {
-		return fmt.Errorf("Ordered history of acct-42 is %q, want %q", got, want)
+		return fmt.Errorf("ordered history of acct-42 is %q, want %q", got, want)
 	}
 	fmt.Println("\nOrdered: 102 and 103 waited for 101's retry; the history is the one the ledger was written in.")
 	if ex := results["exclusive"].history["acct-42"]; !slices.Equal(ex, want) {

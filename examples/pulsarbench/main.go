@@ -243,7 +243,7 @@ func ordered(round int) result {
 		go func() {
 			defer wg.Done()
 			for c := range slices.Chunk(share, *chunk) {
-				if err := pub.PublishBatch(ctx, c); err != nil {
+				if _, err := pub.PublishBatch(ctx, c); err != nil {
 					die(err)
 				}
 			}

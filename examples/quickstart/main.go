@@ -44,7 +44,7 @@ func run(ctx context.Context) error {
 	defer pub.Close(context.Background())
 	for _, delta := range []string{"-500", "200", "50"} {
 		m := &keyorder.Message{Key: "acct-42", Payload: []byte(`{"delta":` + delta + `}`)}
-		if err := pub.Publish(ctx, m); err != nil {
+		if _, err := pub.Publish(ctx, m); err != nil {
 			return err
 		}
 	}
