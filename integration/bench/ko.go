@@ -30,6 +30,7 @@ type koFactory func(ctx context.Context, id string) (*koDriver, error)
 const (
 	modePublish = "Publish"      // one goroutine per key, Publish per message
 	modeBatch   = "PublishBatch" // a few goroutines, each owning a share of the keys
+	modeAsync   = "PublishAsync" // one goroutine, every message in order, then every Result
 )
 
 // koTuning is per-backend tuning of keyorder's portable layer.
@@ -45,7 +46,7 @@ type koTuning struct {
 // mode.
 func koSystems(f koFactory, t koTuning) []system {
 	var out []system
-	for _, mode := range []string{modePublish, modeBatch} {
+	for _, mode := range []string{modePublish, modeBatch, modeAsync} {
 		out = append(out, system{
 			name: "keyorder " + mode,
 			open: func(ctx context.Context, id string) (endpoint, error) {
@@ -83,7 +84,7 @@ func (e *koEndpoint) publish(ctx context.Context, w *workload) error {
 		for _, idx := range w.byKey() {
 			wg.Go(func() {
 				for _, i := range idx {
-					if err := e.pub.Publish(ctx, &keyorder.Message{Key: w.key(i), Payload: w.payloads[i]}); err != nil {
+					if _, err := e.pub.Publish(ctx, &keyorder.Message{Key: w.key(i), Payload: w.payloads[i]}); err != nil {
 						errs <- err
 						return
 					}
@@ -100,13 +101,24 @@ func (e *koEndpoint) publish(ctx context.Context, w *workload) error {
 		for _, share := range shares {
 			wg.Go(func() {
 				for c := range slices.Chunk(share, max(e.t.chunk, 1)) {
-					if err := e.pub.PublishBatch(ctx, c); err != nil {
+					if _, err := e.pub.PublishBatch(ctx, c); err != nil {
 						errs <- err
 						return
 					}
 				}
 			})
 		}
+	case modeAsync:
+		rs := make([]*publish.Result, w.n())
+		for i := range w.n() {
+			rs[i] = e.pub.PublishAsync(ctx, &keyorder.Message{Key: w.key(i), Payload: w.payloads[i]})
+		}
+		for _, r := range rs {
+			if _, err := r.Get(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
 	default:
 		return fmt.Errorf("unknown publishing mode %q", e.mode)
 	}
