@@ -1,183 +1,239 @@
-// Command bench compares keyorder's native PostgreSQL queue with River and
-// watermill-sql on one PostgreSQL server, side by side in one run, and prints
-// msgs/s and ratios.
+// Command bench runs, side by side in one run per backend, each broker's raw
+// client and keyorder on the same workload, and prints msgs/s, ratios and
+// per-key order violations for both.
 //
-// It is a module of its own so that users of keyorder never inherit River's
-// or Watermill's dependencies.
+// It is a module of its own so that users of keyorder never inherit the
+// raw clients' (River's, Watermill's) dependencies.
 //
-//	cd integration/bench && go run . -url postgres://postgres@127.0.0.1:55432/postgres
+//	go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend postgres
+//	go run ./integration/bench -backend memory -quick
 //
-// Every system publishes -n messages of -size bytes in batches of -batch
-// (River: InsertMany; watermill-sql: Publish with many messages; keyorder:
-// SendBatch), then consumes them with a no-op handler. keyorder runs under
-// Parallel and under Ordered over 10, 1,000 and 10,000 keys; then the
-// backlog test (rate with 10,000 vs 200,000 waiting), the idle latency test
-// (publish→handler with NOTIFY) and the retention test (table sizes under a
-// long steady run).
+// Workload: -n messages of -size bytes over each of -keys key counts;
+// message i has key i%keys, and its payload carries its key and per-key
+// sequence number. Each system, on a fresh topic/queue each time:
+//
+//   - publish: sends every message (each key's in order) and waits until
+//     the broker has confirmed them all;
+//   - consume: receives and acknowledges that backlog with a no-op handler;
+//   - end-to-end: on a fresh topic, publishes and consumes at once, timed
+//     from the first publish to the last message handled.
+//
+// Consumers count per-key order violations (a message handled after a
+// later message of its key) and duplicates (a message handled again).
+// keyorder runs its portable layer (publish.Publisher, subscribe.Subscriber
+// under policy.Ordered with keyed lanes) in two publishing modes: Publish
+// from one goroutine per key, and PublishBatch from a few goroutines each
+// owning a share of the keys. The raw clients, per backend:
+//
+//   - memory: a buffered Go channel, one producer, several consumers;
+//   - postgres: pgx on a plain table (COPY, then DELETE … FOR UPDATE SKIP
+//     LOCKED RETURNING by several consumers), and River and watermill-sql;
+//   - pubsub: the Pub/Sub v2 client, a publisher with ordering keys and a
+//     subscriber with message ordering enabled;
+//   - sqs: aws-sdk-go-v2 on a FIFO queue, SendMessageBatch of one group's
+//     messages per call, ReceiveMessage and DeleteMessageBatch;
+//   - pulsar: pulsar-client-go, SendAsync with key-based batching and a
+//     Key_Shared consumer.
+//
+// Output: a Markdown table per backend on stdout and, with -out, in
+// DIR/<backend>.md with a chart in DIR/<backend>.png. -backend pgsuite runs
+// the PostgreSQL-only suite instead (keyorder's driver against River and
+// watermill-sql, key counts, backlog, idle latency, retention).
+//
+// Servers come from the environment testenv sets: KEYORDER_PG_URL,
+// PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
-	"slices"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-type config struct {
-	url        string
-	n          int
-	size       int
-	batch      int
-	consumers  int
-	recvBatch  int
-	retention  time.Duration
-	only       string
-	backlogBig int
-	rounds     int
+// options are the side-by-side runs' settings.
+type options struct {
+	n       int
+	keys    []int
+	size    int
+	rounds  int
+	timeout time.Duration
+	out     string
+	// only, when set, names the systems to run (substrings of their names).
+	only []string
+	// quick is the short mode: fewer messages, one key count.
+	quick bool
 }
+
+// quickened returns o in the short mode: 2,000 messages over 200 keys, no
+// warm-up, phases bounded by 2 minutes.
+func (o options) quickened() options {
+	o.quick = true
+	o.n, o.keys, o.rounds = 2000, []int{200}, 1
+	o.timeout = min(cmp.Or(o.timeout, 2*time.Minute), 2*time.Minute)
+	return o
+}
+
+// backends lists the -backend values in the order "all" runs them.
+var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar"}
 
 func main() {
-	var c config
-	flag.StringVar(&c.url, "url", os.Getenv("KEYORDER_PG_URL"), "PostgreSQL URL (default $KEYORDER_PG_URL)")
-	flag.IntVar(&c.n, "n", 50000, "messages per throughput run")
-	flag.IntVar(&c.size, "size", 100, "payload bytes")
-	flag.IntVar(&c.batch, "batch", 1000, "publish batch size")
-	flag.IntVar(&c.consumers, "consumers", 4, "keyorder consumer goroutines (each its own Subscription)")
-	flag.IntVar(&c.recvBatch, "recv", 1000, "keyorder messages per Receive")
-	flag.DurationVar(&c.retention, "retention", 60*time.Second, "duration of the retention run (0: skip)")
-	flag.IntVar(&c.backlogBig, "backlog", 200000, "large backlog for the flatness test (0: skip)")
-	flag.IntVar(&c.rounds, "rounds", 3, "runs of each throughput measurement; the median is reported (the machine may be shared)")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset: river,watermill,keyorder,keys,backlog,latency,retention")
+	var (
+		o     options
+		which string
+		keys  string
+		only  string
+		c     config
+	)
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite")
+	flag.IntVar(&o.n, "n", 20000, "messages per run")
+	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
+	flag.IntVar(&o.size, "size", 100, "payload bytes")
+	flag.IntVar(&o.rounds, "rounds", 1, "runs of each measurement; medians are reported")
+	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up one phase of one system after this long")
+	flag.StringVar(&o.out, "out", "", "directory for <backend>.md and <backend>.png (empty: stdout only)")
+	flag.StringVar(&only, "only", "", "comma-separated substrings of the systems to run (e.g. raw,PublishBatch); pgsuite: river,watermill,keyorder,keys,backlog,latency,retention")
+	flag.BoolVar(&o.quick, "quick", false, "short mode: 2,000 messages, 200 keys")
+	// The PostgreSQL suite's own settings.
+	flag.StringVar(&c.url, "url", os.Getenv("KEYORDER_PG_URL"), "pgsuite: PostgreSQL URL (default $KEYORDER_PG_URL)")
+	flag.IntVar(&c.batch, "batch", 1000, "pgsuite: publish batch size")
+	flag.IntVar(&c.consumers, "consumers", 4, "pgsuite: keyorder consumer goroutines (each its own Subscription)")
+	flag.IntVar(&c.recvBatch, "recv", 1000, "pgsuite: keyorder messages per Receive")
+	flag.DurationVar(&c.retention, "retention", 60*time.Second, "pgsuite: duration of the retention run (0: skip)")
+	flag.IntVar(&c.backlogBig, "backlog", 200000, "pgsuite: large backlog for the flatness test (0: skip)")
 	flag.Parse()
-	if c.url == "" {
-		log.Fatal("bench: no -url and no KEYORDER_PG_URL")
-	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, withPoolSize(c.url, 20))
-	if err != nil {
-		log.Fatal(err)
+	if which == "pgsuite" {
+		c.n, c.size, c.rounds, c.only = o.n, o.size, max(o.rounds, 1), only
+		pgSuite(ctx, c)
+		return
 	}
-	defer pool.Close()
-	var version string
-	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
-	fmt.Printf("bench: PostgreSQL %s, %d messages of %d bytes, publish batches of %d, median of %d runs each\n\n",
-		version, c.n, c.size, c.batch, c.rounds)
-
-	run := func(name string) bool {
-		if c.only == "" {
-			return true
+	for _, s := range strings.Split(keys, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || k <= 0 {
+			log.Fatalf("bench: bad -keys %q", keys)
 		}
-		for _, s := range strings.Split(c.only, ",") {
-			if s == name {
-				return true
+		o.keys = append(o.keys, k)
+	}
+	if only != "" {
+		o.only = strings.Split(only, ",")
+	}
+	if o.quick {
+		o = o.quickened()
+	}
+	names := []string{which}
+	if which == "all" {
+		names = backends
+	}
+	failed := false
+	for _, name := range names {
+		if _, err := runBackend(ctx, name, o, os.Stdout); err != nil {
+			log.Printf("bench: %s: %v", name, err)
+			failed = true
+		}
+	}
+	if failed {
+		os.Exit(1)
+	}
+}
+
+// runBackend measures every system of one backend and writes its report.
+// It fails when keyorder broke per-key order.
+func runBackend(ctx context.Context, name string, o options, stdout io.Writer) (*report, error) {
+	b, err := openBackend(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	rep := &report{backend: b, o: o, started: time.Now()}
+	fmt.Fprintf(stdout, "bench: %s, %d messages of %d B, keys %v, %d round(s)\n", b.title, o.n, o.size, o.keys, max(o.rounds, 1))
+	// Warm every system up (connections, the broker's JIT) on a small
+	// workload first, so that the one measured first is not penalised.
+	// The quick mode only checks that everything runs.
+	warm := newWorkload(min(o.n, 500), min(o.keys[0], 50), o.size)
+	wo := o
+	wo.rounds = 1
+	for _, sys := range b.systems {
+		if selected(sys.name, o.only) && !o.quick {
+			if _, _, _, _, err := backlogRun(ctx, b, sys, warm, wo); err != nil {
+				return nil, fmt.Errorf("warm-up: %w", err)
 			}
 		}
-		return false
 	}
-	r := results{}
-	if run("river") {
-		r.riverPub, r.riverCon = median(c, func() (float64, float64, error) { return benchRiver(ctx, pool, c) })
-		report("river", "insert (InsertMany)", r.riverPub)
-		report("river", "work (no-op, FetchCooldown 1ms)", r.riverCon)
-	}
-	if run("watermill") {
-		r.wmPub, r.wmCon = median(c, func() (float64, float64, error) { return benchWatermill(ctx, pool, c) })
-		report("watermill-sql", "publish (batched)", r.wmPub)
-		report("watermill-sql", "consume", r.wmCon)
-	}
-	if run("keyorder") {
-		_, r.koPar = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "parallel", 1000, c.n) })
-		report("keyorder", "consume Parallel", r.koPar)
-		r.koPub, r.ko1000 = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, c.n) })
-		report("keyorder", "publish (SendBatch, Ordered, 1,000 keys, heads)", r.koPub)
-		report("keyorder", "consume Ordered, 1,000 keys", r.ko1000)
-	}
-	if run("keys") {
-		_, r.ko10 = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 10, c.n) })
-		report("keyorder", "consume Ordered, 10 keys", r.ko10)
-		_, r.ko10k = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 10000, c.n) })
-		report("keyorder", "consume Ordered, 10,000 keys", r.ko10k)
-	}
-	if run("backlog") && c.backlogBig > 0 {
-		_, r.backSmall = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, 10000) })
-		report("keyorder", "consume Ordered, 1,000 keys, 10,000 waiting", r.backSmall)
-		_, r.backBig = median(c, func() (float64, float64, error) { return benchKeyorder(ctx, pool, c, "ordered", 1000, c.backlogBig) })
-		report("keyorder", fmt.Sprintf("consume Ordered, 1,000 keys, %d waiting", c.backlogBig), r.backBig)
-	}
-	if run("latency") {
-		p50, p99, err := benchLatency(ctx, pool, c)
-		if err != nil {
-			log.Fatal(err)
-		}
-		r.p50, r.p99 = p50, p99
-		fmt.Printf("%-14s %-46s p50 %v  p99 %v\n", "keyorder", "idle publish→handler latency (NOTIFY)", p50, p99)
-	}
-	if run("retention") && c.retention > 0 {
-		if err := benchRetention(ctx, pool, c); err != nil {
-			log.Fatal(err)
+	for _, k := range o.keys {
+		w := newWorkload(o.n, k, o.size)
+		for _, sys := range b.systems {
+			if !selected(sys.name, o.only) {
+				continue
+			}
+			res, err := measure(ctx, b, sys, w, o)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(stdout, "  %5d keys  %-26s publish %9.0f  consume %9.0f  e2e %9.0f msgs/s  violations %d  dups %d  (load %.2f)\n",
+				k, sys.name, res.publish, res.consume, res.e2e, res.violations, res.dups, res.load)
+			rep.results = append(rep.results, res)
 		}
 	}
-	r.print()
-}
-
-func withPoolSize(url string, n int) string {
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return fmt.Sprintf("%s%spool_max_conns=%d", url, sep, n)
-}
-
-// median runs f c.rounds times and returns the median of each of its two
-// rates.
-func median(c config, f func() (float64, float64, error)) (float64, float64) {
-	var as, bs []float64
-	for range max(c.rounds, 1) {
-		a, b, err := f()
-		if err != nil {
-			log.Fatal(err)
+	fmt.Fprintln(stdout)
+	md := rep.markdown()
+	fmt.Fprintln(stdout, md)
+	if o.out != "" {
+		if err := os.MkdirAll(o.out, 0o755); err != nil {
+			return nil, err
 		}
-		as, bs = append(as, a), append(bs, b)
-	}
-	slices.Sort(as)
-	slices.Sort(bs)
-	return as[len(as)/2], bs[len(bs)/2]
-}
-
-func report(system, what string, rate float64) {
-	fmt.Printf("%-14s %-46s %10.0f msgs/s\n", system, what, rate)
-}
-
-type results struct {
-	riverPub, riverCon, wmPub, wmCon  float64
-	koPub, koPar, ko10, ko1000, ko10k float64
-	backSmall, backBig                float64
-	p50, p99                          time.Duration
-}
-
-func (r results) print() {
-	fmt.Println("\nratios (goal in brackets):")
-	ratio := func(what string, a, b float64, goal string) {
-		if a == 0 || b == 0 {
-			return
+		if err := os.WriteFile(filepath.Join(o.out, name+".md"), []byte(md), 0o644); err != nil {
+			return nil, err
 		}
-		fmt.Printf("  %-58s %6.2f  [%s]\n", what, a/b, goal)
+		if err := rep.chart(filepath.Join(o.out, name+".png")); err != nil {
+			return nil, fmt.Errorf("chart: %w", err)
+		}
 	}
-	ratio("Ordered 1,000 keys / River work", r.ko1000, r.riverCon, "≥ 5")
-	ratio("Ordered 1,000 keys / watermill-sql consume", r.ko1000, r.wmCon, "≥ 3")
-	ratio("Ordered 10 keys / River work", r.ko10, r.riverCon, "≥ 2")
-	ratio("Ordered 10,000 keys / Ordered 1,000 keys", r.ko10k, r.ko1000, "≥ 0.7")
-	ratio("backlog 200,000 / backlog 10,000 (Ordered, 1,000 keys)", r.backBig, r.backSmall, "≥ 0.8")
-	ratio("keyorder publish / River InsertMany", r.koPub, r.riverPub, "≥ 2")
-	ratio("Parallel / River work", r.koPar, r.riverCon, "")
-	ratio("keyorder publish / watermill-sql publish", r.koPub, r.wmPub, "")
-	if r.p50 > 0 {
-		fmt.Printf("  %-58s p50 %v p99 %v  [p50 ≤ 10ms, p99 ≤ 50ms]\n", "idle latency", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+	return rep, rep.check()
+}
+
+func selected(name string, only []string) bool {
+	if len(only) == 0 {
+		return true
 	}
+	for _, s := range only {
+		if s != "" && strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// openBackend connects to the backend's server (from the environment
+// testenv sets) and returns its systems, the raw client first.
+func openBackend(ctx context.Context, name string) (*backend, error) {
+	switch name {
+	case "memory":
+		return memoryBackend(ctx)
+	case "postgres":
+		return postgresBackend(ctx)
+	case "pubsub":
+		return pubsubBackend(ctx)
+	case "sqs":
+		return sqsBackend(ctx)
+	case "pulsar":
+		return pulsarBackend(ctx)
+	}
+	return nil, fmt.Errorf("unknown backend %q (want memory, postgres, pubsub, sqs, pulsar, all or pgsuite)", name)
+}
+
+// env returns the environment variable's value, or an error naming it.
+func env(name, backend string) (string, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return "", fmt.Errorf("%s is not set: run under `go run ./integration/cmd/testenv run --only %s -- ...`", name, backend)
+	}
+	return v, nil
 }

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// SQS settings shared by both sides.
+const (
+	sqsSenders   = 32 // goroutines sending (raw: each owns a share of the groups)
+	sqsReceivers = 16 // raw: goroutines receiving
+)
+
+func sqsBackend(context.Context) (*backend, error) {
+	sqsURL, err := env("KEYORDER_SQS_ENDPOINT", "sqs")
+	if err != nil {
+		return nil, err
+	}
+	client := awssqs.New(awssqs.Options{
+		BaseEndpoint: aws.String(sqsURL),
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
+	opts := &sqs.Options{Ordering: policy.Ordered, WaitTime: time.Second, Logger: quiet()}
+	f := func(ctx context.Context, id string) (*koDriver, error) {
+		u, err := sqs.CreateQueue(ctx, client, id+".fifo", opts)
+		if err != nil {
+			return nil, err
+		}
+		t, err := sqs.OpenTopic(ctx, client, u, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &koDriver{
+			topic: t,
+			openSub: func(ctx context.Context) (adapters.Subscription, error) {
+				return sqs.OpenSubscription(ctx, client, u, opts)
+			},
+			cleanup: func() { deleteQueues(client, id+".fifo", id+"-dead.fifo") },
+		}, nil
+	}
+	t := koTuning{
+		subscribe:  subscribe.Config{Workers: 64},
+		publishers: sqsSenders, chunk: 1000,
+	}
+	return &backend{
+		name:  "sqs",
+		title: "SQS FIFO (ElasticMQ)",
+		note: fmt.Sprintf("Raw: aws-sdk-go-v2, payloads base64-encoded as keyorder sends a binary payload, SendMessageBatch of up to 10 messages of one group per call from %d goroutines (each owning a share of the groups), "+
+			"%d goroutines calling ReceiveMessage (10, long poll 1s) and DeleteMessageBatch. "+
+			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines.", sqsSenders, sqsReceivers, sqsSenders),
+		systems: append([]system{{name: "raw aws-sdk-go-v2", ref: true,
+			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id) }}},
+			koSystems(f, t)...),
+		close: func() {},
+	}, nil
+}
+
+func deleteQueues(client *awssqs.Client, names ...string) {
+	ctx := context.Background()
+	for _, n := range names {
+		if u, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(n)}); err == nil {
+			_, _ = client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: u.QueueUrl})
+		}
+	}
+}
+
+type sqsRaw struct {
+	client *awssqs.Client
+	name   string
+	url    *string
+}
+
+func openSQSRaw(ctx context.Context, client *awssqs.Client, id string) (endpoint, error) {
+	out, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{
+		QueueName: aws.String(id + ".fifo"),
+		Attributes: map[string]string{
+			"FifoQueue":                 "true",
+			"ContentBasedDeduplication": "false",
+			"VisibilityTimeout":         "30",
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &sqsRaw{client: client, name: id + ".fifo", url: out.QueueUrl}, nil
+}
+
+func (e *sqsRaw) publish(ctx context.Context, w *workload) error {
+	byKey := w.byKey()
+	var wg sync.WaitGroup
+	errs := make(chan error, sqsSenders)
+	for s := range sqsSenders {
+		wg.Go(func() {
+			for k := s; k < len(byKey); k += sqsSenders {
+				for chunk := range slices.Chunk(byKey[k], 10) {
+					entries := make([]types.SendMessageBatchRequestEntry, len(chunk))
+					for j, i := range chunk {
+						id := strconv.Itoa(i)
+						entries[j] = types.SendMessageBatchRequestEntry{
+							Id: aws.String(id), MessageBody: aws.String(base64.StdEncoding.EncodeToString(w.payloads[i])),
+							MessageGroupId: aws.String(w.key(i)), MessageDeduplicationId: aws.String(id),
+						}
+					}
+					out, err := e.client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: e.url, Entries: entries})
+					if err == nil && len(out.Failed) > 0 {
+						err = fmt.Errorf("%d of %d entries failed: %s", len(out.Failed), len(entries), aws.ToString(out.Failed[0].Message))
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func (e *sqsRaw) consume(ctx context.Context, chk *orderCheck) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, sqsReceivers)
+	for range sqsReceivers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				out, err := e.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+					QueueUrl: e.url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+				})
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				if len(out.Messages) == 0 {
+					continue
+				}
+				entries := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+				for j, m := range out.Messages {
+					if p, err := base64.StdEncoding.DecodeString(aws.ToString(m.Body)); err == nil {
+						chk.see(p)
+					}
+					entries[j] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: m.ReceiptHandle}
+				}
+				if _, err := e.client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: e.url, Entries: entries}); err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func (e *sqsRaw) close() { deleteQueues(e.client, e.name) }
