@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -18,8 +17,8 @@ import (
 // open consumers of its subscription (which exists already, so nothing
 // published is missed), and a cleanup.
 type koDriver struct {
-	topic   adapters.Topic
-	openSub func(ctx context.Context) (adapters.Subscription, error)
+	openPub func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error)
+	openSub func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error)
 	cleanup func()
 }
 
@@ -56,9 +55,8 @@ func koSystems(f koFactory, t koTuning) []system {
 				}
 				pc := t.publish
 				pc.Logger = quiet()
-				p, err := publish.New(d.topic, &pc)
+				p, err := d.openPub(ctx, &pc)
 				if err != nil {
-					d.topic.Close()
 					d.cleanup()
 					return nil, err
 				}
@@ -128,18 +126,13 @@ func (e *koEndpoint) publish(ctx context.Context, w *workload) error {
 }
 
 func (e *koEndpoint) consume(ctx context.Context, chk *orderCheck) error {
-	drv, err := e.d.openSub(ctx)
-	if err != nil {
-		return err
-	}
 	sc := e.t.subscribe
 	sc.Logger = quiet()
-	s, err := subscribe.New(drv, &sc)
+	s, err := e.d.openSub(ctx, &sc)
 	if err != nil {
-		drv.Close()
 		return err
 	}
-	defer s.Close()
+	defer s.Close(context.Background())
 	return s.Run(ctx, func(_ context.Context, d *keyorder.Delivery) error {
 		chk.see(d.Payload)
 		return nil

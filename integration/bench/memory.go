@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -22,8 +21,12 @@ func memoryBackend(context.Context) (*backend, error) {
 			return nil, err
 		}
 		return &koDriver{
-			topic:   broker.OpenTopic(id),
-			openSub: func(context.Context) (adapters.Subscription, error) { return broker.OpenSubscription(id) },
+			openPub: func(_ context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return broker.OpenTopic(id, cfg)
+			},
+			openSub: func(_ context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return broker.OpenSubscription(id, cfg)
+			},
 			cleanup: func() {},
 		}, nil
 	}

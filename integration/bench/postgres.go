@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -46,18 +45,24 @@ func postgresBackend(ctx context.Context) (*backend, error) {
 		return nil, err
 	}
 	f := func(ctx context.Context, id string) (*koDriver, error) {
-		t, err := postgres.OpenTopic(ctx, pool, id, opts)
+		// Opening a publisher creates the topic (Options.Create), which
+		// the subscription needs.
+		t, err := postgres.OpenTopic(ctx, pool, id, opts, nil)
 		if err != nil {
 			return nil, err
 		}
+		if err := t.Close(ctx); err != nil {
+			return nil, err
+		}
 		if err := admin.CreateSubscription(ctx, id, "bench", opts.Subscription); err != nil {
-			t.Close()
 			return nil, err
 		}
 		return &koDriver{
-			topic: t,
-			openSub: func(ctx context.Context) (adapters.Subscription, error) {
-				return postgres.OpenSubscription(ctx, pool, id, "bench", opts)
+			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return postgres.OpenTopic(ctx, pool, id, opts, cfg)
+			},
+			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return postgres.OpenSubscription(ctx, pool, id, "bench", opts, cfg)
 			},
 			cleanup: func() {},
 		}, nil

@@ -6,7 +6,6 @@ import (
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pubsub"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -33,14 +32,12 @@ func pubsubBackend(ctx context.Context) (*backend, error) {
 		if err := pubsub.CreateSubscription(ctx, client, id, id, sopts); err != nil {
 			return nil, err
 		}
-		t, err := pubsub.OpenTopic(ctx, client, id, &pubsub.TopicOptions{Logger: quiet()})
-		if err != nil {
-			return nil, err
-		}
 		return &koDriver{
-			topic: t,
-			openSub: func(ctx context.Context) (adapters.Subscription, error) {
-				return pubsub.OpenSubscription(ctx, client, id, sopts)
+			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return pubsub.OpenTopic(ctx, client, id, &pubsub.TopicOptions{Logger: quiet()}, cfg)
+			},
+			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return pubsub.OpenSubscription(ctx, client, id, sopts, cfg)
 			},
 			cleanup: func() {
 				deletePubSub(client, []string{id, id + "-dead-sub"}, []string{id, id + "-dead"})

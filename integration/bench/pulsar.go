@@ -12,7 +12,6 @@ import (
 	gopulsar "github.com/apache/pulsar-client-go/pulsar"
 	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pulsar"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -42,19 +41,19 @@ func pulsarBackend(context.Context) (*backend, error) {
 		topic := "persistent://public/default/" + id
 		// The first consumer creates the subscription; it detaches until
 		// the consume phase.
-		drv, err := pulsar.OpenSubscription(ctx, client, topic, "bench", sopts)
+		first, err := pulsar.OpenSubscription(ctx, client, topic, "bench", sopts, nil)
 		if err != nil {
 			return nil, err
 		}
-		drv.Close()
-		t, err := pulsar.OpenTopic(ctx, client, topic, &pulsar.TopicOptions{BatchingMaxPublishDelay: pulsarDelay})
-		if err != nil {
+		if err := first.Close(ctx); err != nil {
 			return nil, err
 		}
 		return &koDriver{
-			topic: t,
-			openSub: func(ctx context.Context) (adapters.Subscription, error) {
-				return pulsar.OpenSubscription(ctx, client, topic, "bench", sopts)
+			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return pulsar.OpenTopic(ctx, client, topic, &pulsar.TopicOptions{BatchingMaxPublishDelay: pulsarDelay}, cfg)
+			},
+			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return pulsar.OpenSubscription(ctx, client, topic, "bench", sopts, cfg)
 			},
 			cleanup: func() {},
 		}, nil

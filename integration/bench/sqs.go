@@ -14,9 +14,9 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -42,14 +42,12 @@ func sqsBackend(context.Context) (*backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		t, err := sqs.OpenTopic(ctx, client, u, opts)
-		if err != nil {
-			return nil, err
-		}
 		return &koDriver{
-			topic: t,
-			openSub: func(ctx context.Context) (adapters.Subscription, error) {
-				return sqs.OpenSubscription(ctx, client, u, opts)
+			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return sqs.OpenTopic(ctx, client, u, opts, cfg)
+			},
+			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return sqs.OpenSubscription(ctx, client, u, opts, cfg)
 			},
 			cleanup: func() { deleteQueues(client, id+".fifo", id+"-dead.fifo") },
 		}, nil
