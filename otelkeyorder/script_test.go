@@ -190,7 +190,7 @@ func checkScript(t *testing.T, k *kit, system string, res scriptResult) {
 	var processes []sdktrace.ReadOnlySpan
 	for _, s := range k.spans.Ended() {
 		attrs := attribute.NewSet(s.Attributes()...)
-		str := func(key string) string { v, _ := attrs.Value(attribute.Key(key)); return v.Emit() }
+		str := func(key string) string { v, _ := attrs.Value(attribute.Key(key)); return v.String() }
 		if str("messaging.system") != system {
 			t.Errorf("span %q: messaging.system %q, want %q", s.Name(), str("messaging.system"), system)
 		}

@@ -48,14 +48,13 @@ type backend struct {
 
 // result is one system's figures on one workload (medians over rounds).
 type result struct {
-	system             string
-	ref                bool
-	keys               int
-	publish, consume   float64 // msgs/s
-	e2e                float64 // msgs/s, publishing and consuming at once
-	violations, dups   int64   // over the consume and end-to-end phases, summed over rounds
-	load               float64 // 1-minute load average when the system started
-	publishErr, runErr string
+	system           string
+	ref              bool
+	keys             int
+	publish, consume float64 // msgs/s
+	e2e              float64 // msgs/s, publishing and consuming at once
+	violations, dups int64   // over the consume and end-to-end phases, summed over rounds
+	load             float64 // 1-minute load average when the system started
 }
 
 var runSeq int
