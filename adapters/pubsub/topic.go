@@ -34,6 +34,11 @@ func openTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts
 		return nil, fmt.Errorf("%w: pubsub.OpenTopic: nil client", keyorder.ErrInvalidConfig)
 	}
 	pub := client.Publisher(topicName(client.Project(), topicID))
+	// keyorder hands the client a key's whole batch at once and sends
+	// nothing more of that key until the batch is answered, so waiting for
+	// more messages to bundle only delays the key: the default waits
+	// DefaultPublishDelay instead of the library's 10 ms.
+	pub.PublishSettings.DelayThreshold = DefaultPublishDelay
 	if opts != nil && opts.PublishSettings != nil {
 		pub.PublishSettings = *opts.PublishSettings
 	}
