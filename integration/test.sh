@@ -13,7 +13,7 @@
 # only, so the default package list names every module of go.work.
 # Environment: KEYORDER_TEST_PACKAGES (default: every module's packages), KEYORDER_MVN_ARGS
 # (extra Maven arguments), TESTENV_FLAGS (e.g. "--only postgres --keep"),
-# KEYORDER_FUZZTIME (per fuzz target, default 4s; 0 skips fuzzing),
+# KEYORDER_FUZZTIME (per fuzz target, default 5000x executions; 0 skips fuzzing),
 # KEYORDER_SKIP_CHECKS=1 (skip the static checks below; ignored when CI=true).
 # Before any test, integration/lint.sh (staticcheck) and
 # integration/vulncheck.sh (govulncheck) check every module; either failing
