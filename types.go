@@ -126,6 +126,11 @@ type BackendStats struct {
 	// HeldKeys counts keys that cannot be delivered now: in flight, or
 	// waiting for a retry or a not-before time.
 	HeldKeys int64
+	// Superseded counts messages a compacting subscription resolved without
+	// delivering them because a newer message of their key was delivered
+	// instead (PostgreSQL's SubscriptionOptions.Compaction). Zero on a
+	// subscription, or a backend, that does not compact.
+	Superseded int64
 }
 
 // UnknownBackendStats returns BackendStats with every count Unknown, for a

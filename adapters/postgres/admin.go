@@ -107,9 +107,9 @@ func (s *store) createSubscription(ctx context.Context, topic, name string, opts
 		return nil, err
 	}
 	_, err = s.pool.Exec(ctx, s.sql(`
-		INSERT INTO {{schema}}.subscriptions (topic_id, name, ordering, max_attempts, min_backoff, max_backoff)
-		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic_id, name) DO NOTHING`),
-		tid, name, int16(o.Ordering), o.MaxAttempts, o.MinBackoff, o.MaxBackoff)
+		INSERT INTO {{schema}}.subscriptions (topic_id, name, ordering, max_attempts, min_backoff, max_backoff, compact)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (topic_id, name) DO NOTHING`),
+		tid, name, int16(o.Ordering), o.MaxAttempts, o.MinBackoff, o.MaxBackoff, o.Compaction)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: create subscription %q of %q: %w", name, topic, err)
 	}
@@ -134,10 +134,11 @@ func (s *store) subscription(ctx context.Context, topic, name string) (*subInfo,
 	info := &subInfo{topic: topic, name: name, opts: &SubscriptionOptions{}}
 	var ordering int16
 	err := s.pool.QueryRow(ctx, s.sql(`
-		SELECT s.id, s.topic_id, s.ordering, s.max_attempts, s.min_backoff, s.max_backoff
+		SELECT s.id, s.topic_id, s.ordering, s.max_attempts, s.min_backoff, s.max_backoff, s.compact
 		FROM {{schema}}.subscriptions s JOIN {{schema}}.topics t ON t.id = s.topic_id
 		WHERE t.name = $1 AND s.name = $2`), topic, name).
-		Scan(&info.id, &info.topicID, &ordering, &info.opts.MaxAttempts, &info.opts.MinBackoff, &info.opts.MaxBackoff)
+		Scan(&info.id, &info.topicID, &ordering, &info.opts.MaxAttempts, &info.opts.MinBackoff, &info.opts.MaxBackoff,
+			&info.opts.Compaction)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("postgres: subscription %q of topic %q: %w", name, topic, keyorder.ErrNotFound)
 	}
@@ -159,7 +160,7 @@ func (a *Admin) DeleteSubscription(ctx context.Context, topic, name string) erro
 		return err
 	}
 	b := &pgx.Batch{}
-	for _, t := range []string{"deliveries", "heads", "dead_letters", "subscriptions"} {
+	for _, t := range []string{"deliveries", "heads", "dead_letters", "superseded", "subscriptions"} {
 		col := "sub_id"
 		if t == "subscriptions" {
 			col = "id"
@@ -313,8 +314,9 @@ func (s *store) backendStats(ctx context.Context, subID int32) (keyorder.Backend
 		(SELECT count(*) FROM {{schema}}.deliveries WHERE sub_id = $1),
 		(SELECT count(*) FROM {{schema}}.dead_letters WHERE sub_id = $1),
 		(SELECT count(*) FROM {{schema}}.heads WHERE sub_id = $1),
-		(SELECT count(*) FROM {{schema}}.heads WHERE sub_id = $1 AND claimable_at > now() AND claimable_at < 'infinity')`), subID).
-		Scan(&st.Pending, &st.Dead, &st.Keys, &st.HeldKeys)
+		(SELECT count(*) FROM {{schema}}.heads WHERE sub_id = $1 AND claimable_at > now() AND claimable_at < 'infinity'),
+		(`+sqlSuperseded+`)`), subID).
+		Scan(&st.Pending, &st.Dead, &st.Keys, &st.HeldKeys, &st.Superseded)
 	if err != nil {
 		return keyorder.BackendStats{}, fmt.Errorf("postgres: stats: %w", err)
 	}

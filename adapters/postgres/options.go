@@ -43,7 +43,7 @@ type Options struct {
 	// Subscription holds the settings Create uses for a new subscription.
 	// They are ignored for an existing one: a subscription's policy is fixed
 	// when it is created. URL: ordering, max_attempts, min_backoff,
-	// max_backoff.
+	// max_backoff, compact.
 	Subscription *SubscriptionOptions
 	// LeaseDuration is how long a claimed message (or chain) stays leased
 	// without ExtendLeases. Defaults to LeaseDurationDefault. URL: lease.
@@ -99,6 +99,19 @@ type SubscriptionOptions struct {
 	MaxAttempts int
 	MinBackoff  time.Duration
 	MaxBackoff  time.Duration
+	// Compaction makes the subscription deliver, for each key, only the
+	// newest message waiting when the key is claimed; the older waiting ones
+	// are superseded: deleted, counted (BackendStats.Superseded), never
+	// dead-lettered. For handlers that apply a key's latest state rather
+	// than every change. A message in flight is never superseded; one
+	// waiting for its retry (or a not-before time) is, by a newer ready one.
+	// Exclusive: one message of a key at a time, the newest ready one.
+	// Parallel: a message is delivered only if no newer one of its key is
+	// ready or in flight, and a failed one is superseded instead of retried
+	// when a newer one of its key is pending. Ordered refuses it (its
+	// guarantee is the key's whole history): Create fails with
+	// keyorder.ErrInvalidConfig. URL: compact=true.
+	Compaction bool
 }
 
 // WithDefaults returns a copy of o with zero fields set to their defaults.
@@ -156,7 +169,7 @@ func (s *SubscriptionOptions) WithDefaults() *SubscriptionOptions {
 // asked for (non-zero) that differs from the stored one.
 func (s *SubscriptionOptions) conflicts(asked *SubscriptionOptions) bool {
 	differs := func(stored, want int64) bool { return want != 0 && want != stored }
-	return s.Ordering != asked.Ordering ||
+	return s.Ordering != asked.Ordering || s.Compaction != asked.Compaction ||
 		differs(int64(s.MaxAttempts), int64(asked.MaxAttempts)) ||
 		differs(int64(s.MinBackoff), int64(asked.MinBackoff)) ||
 		differs(int64(s.MaxBackoff), int64(asked.MaxBackoff))
@@ -165,6 +178,11 @@ func (s *SubscriptionOptions) conflicts(asked *SubscriptionOptions) bool {
 func (s *SubscriptionOptions) validate() error {
 	if s.Ordering < policy.Parallel || s.Ordering > policy.Ordered {
 		return fmt.Errorf("%w: postgres: SubscriptionOptions.Ordering %v", keyorder.ErrInvalidConfig, s.Ordering)
+	}
+	if s.Compaction && s.Ordering == policy.Ordered {
+		return fmt.Errorf("%w: postgres: SubscriptionOptions.Compaction is not allowed with Ordering Ordered "+
+			"(Ordered delivers every message of a key in order; compaction skips superseded ones): use Exclusive or Parallel",
+			keyorder.ErrInvalidConfig)
 	}
 	if err := (policy.Retry{MaxAttempts: s.MaxAttempts, MinBackoff: s.MinBackoff, MaxBackoff: s.MaxBackoff}).Validate(); err != nil {
 		return fmt.Errorf("%w: postgres: %v", keyorder.ErrInvalidConfig, err)

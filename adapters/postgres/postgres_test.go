@@ -51,7 +51,7 @@ func TestMigrateIdempotent(t *testing.T) {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 2 {
+	if err != nil || res.Version != 3 {
 		t.Fatalf("up again: %+v %v", res, err)
 	}
 }

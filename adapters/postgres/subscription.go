@@ -29,6 +29,8 @@ type pgSubscription struct {
 	ownsPool bool
 
 	claimKeys, claimDirect string // expanded claim queries
+	nackDirect             string
+	compact                bool // SubscriptionOptions.Compaction (sql_compact.go)
 	release                string
 	lease                  time.Duration
 
@@ -143,10 +145,17 @@ func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		s: s, info: info, opts: o,
 		claimKeys:   s.sql(sqlClaimKeys),
 		claimDirect: s.sql(sqlClaimDirect),
+		nackDirect:  s.sql(sqlNackDirect),
 		release:     s.sql(strings.ReplaceAll(sqlRelease, "{{next}}", next)),
 		lease:       o.LeaseDuration,
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),
+	}
+	if info.opts.Compaction {
+		su.compact = true
+		su.claimKeys = s.sql(sqlClaimKeysCompact)
+		su.claimDirect = s.sql(sqlClaimDirectCompact)
+		su.nackDirect = s.sql(sqlNackDirectCompact)
 	}
 	su.listener = startListener(pool, s.channel(topic), su.wake, su.done, o.Logger)
 	if info.opts.Ordering.Keyed() && o.VacuumInterval > 0 {
@@ -218,12 +227,19 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 	token := rand.Int64()
 	keyed := su.info.opts.Ordering.Keyed()
 	b := &pgx.Batch{}
-	if keyed {
+	switch {
+	case keyed && su.compact: // one message per key
+		b.Queue(su.claimKeys, su.info.id, su.info.topicID, maxMessages, su.lease, token)
+	case keyed:
 		chainLen := min(su.opts.ChainLength, maxMessages)
 		b.Queue(su.claimKeys, su.info.id, maxMessages/chainLen, chainLen, su.lease, token,
 			su.info.opts.Ordering == policy.Ordered)
 	}
-	b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token)
+	if su.compact {
+		b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token, su.info.topicID)
+	} else {
+		b.Queue(su.claimDirect, su.info.id, maxMessages, su.lease, token)
+	}
 	b.Queue(su.s.sql(sqlNextWake), su.info.id)
 	br := su.s.pool.SendBatch(ctx, b)
 	defer br.Close()
@@ -454,7 +470,11 @@ func (su *pgSubscription) Nack(ctx context.Context, m *adapters.Message, delay t
 	if a.chain != nil {
 		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), m.Attempt, a.token)
 	} else {
-		b.Queue(su.s.sql(sqlNackDirect), su.info.id, a.id, max(delay, 0), a.token)
+		args := []any{su.info.id, a.id, max(delay, 0), a.token}
+		if su.compact {
+			args = append(args, su.info.topicID)
+		}
+		b.Queue(su.nackDirect, args...)
 	}
 	return su.run(ctx, "nack", b, st)
 }

@@ -131,6 +131,8 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 			so.MinBackoff, perr = time.ParseDuration(v)
 		case "max_backoff":
 			so.MaxBackoff, perr = time.ParseDuration(v)
+		case "compact":
+			so.Compaction, perr = strconv.ParseBool(v)
 		case "lease":
 			c.LeaseDuration, perr = time.ParseDuration(v)
 		case "max_batch":

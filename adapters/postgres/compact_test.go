@@ -1,0 +1,405 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// compactSub opens a consumer of a compacting subscription (created on first
+// use) with the given lease.
+func (e *env) compactSub(topic string, ordering policy.Ordering, lease time.Duration) *postgres.Subscription {
+	e.t.Helper()
+	o := e.opts(&postgres.Options{Create: true, LeaseDuration: lease,
+		Subscription: &postgres.SubscriptionOptions{Ordering: ordering, Compaction: true}})
+	s, err := postgres.OpenSubscriptionDriver(context.Background(), e.pool, topic, "sub", o)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func send(t *testing.T, tp *postgres.Topic, ms ...*adapters.Message) {
+	t.Helper()
+	if err := tp.SendBatch(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func stats(t *testing.T, s *postgres.Subscription) keyorder.BackendStats {
+	t.Helper()
+	st, err := s.BackendStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+var compactPolicies = []policy.Ordering{policy.Exclusive, policy.Parallel}
+
+// A backlog is resolved to the newest message of each key; the others are
+// superseded, counted and gone (not dead letters).
+func TestCompactDeliversNewest(t *testing.T) {
+	for _, ord := range compactPolicies {
+		t.Run(ord.String(), func(t *testing.T) {
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			s := e.compactSub("t", ord, 0)
+			send(t, tp, msg("A", "a1"), msg("A", "a2"), msg("B", "b1"), msg("A", "a3"), msg("B", "b2"))
+			send(t, tp, &adapters.Message{ID: "n1", Payload: []byte("n1")}) // keyless: never superseded
+			ctx := ctxT(t, 30*time.Second)
+			got := receiveN(t, ctx, s, 3)
+			gotIDs := ids(got)
+			slices.Sort(gotIDs)
+			if !slices.Equal(gotIDs, []string{"a3", "b2", "n1"}) {
+				t.Fatalf("received %v, want a3 b2 n1", gotIDs)
+			}
+			if st := stats(t, s); st.Superseded != 3 || st.Pending != 3 || st.Dead != 0 {
+				t.Fatalf("stats %+v, want 3 superseded, 3 pending, 0 dead", st)
+			}
+			if err := s.Ack(ctx, got); err != nil {
+				t.Fatal(err)
+			}
+			receiveNone(t, s, 300*time.Millisecond)
+			if st := stats(t, s); st.Pending != 0 || st.Superseded != 3 {
+				t.Fatalf("stats %+v after ack", st)
+			}
+			n, err := e.admin.StoredMessages(ctx, "t")
+			if err != nil || n != 0 {
+				t.Fatalf("stored message bodies %d (%v), want 0: superseded bodies are deleted", n, err)
+			}
+		})
+	}
+}
+
+// A message in flight is never superseded: newer messages wait (Exclusive)
+// or run beside it (Parallel), and the in-flight one is acknowledged
+// normally.
+func TestCompactInFlightNotSuperseded(t *testing.T) {
+	for _, ord := range compactPolicies {
+		t.Run(ord.String(), func(t *testing.T) {
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			s := e.compactSub("t", ord, 0)
+			ctx := ctxT(t, 30*time.Second)
+			send(t, tp, msg("A", "a1"))
+			first := receiveN(t, ctx, s, 1)
+			send(t, tp, msg("A", "a2"))
+			send(t, tp, msg("A", "a3"))
+			send(t, tp, msg("A", "a4"))
+			if ord == policy.Exclusive {
+				receiveNone(t, s, 300*time.Millisecond)
+				if err := s.Ack(ctx, first); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := receiveN(t, ctx, s, 1)
+			if got[0].ID != "a4" {
+				t.Fatalf("received %s, want a4", got[0].ID)
+			}
+			if ord == policy.Parallel {
+				// a1 is still in flight beside a4, and acknowledged as usual.
+				if st := stats(t, s); st.Pending != 2 {
+					t.Fatalf("stats %+v: the in-flight a1 must still be pending", st)
+				}
+				if err := s.Ack(ctx, first); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.Ack(ctx, got); err != nil {
+				t.Fatal(err)
+			}
+			if st := stats(t, s); st.Superseded != 2 || st.Pending != 0 {
+				t.Fatalf("stats %+v, want a2 and a3 superseded, nothing pending", st)
+			}
+		})
+	}
+}
+
+// A failed message waiting for its retry is superseded by a newer one; with
+// no newer one it is retried as usual.
+func TestCompactRetryingSuperseded(t *testing.T) {
+	for _, ord := range compactPolicies {
+		t.Run(ord.String(), func(t *testing.T) {
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			s := e.compactSub("t", ord, 0)
+			ctx := ctxT(t, 30*time.Second)
+			send(t, tp, msg("A", "a1"), msg("B", "b1"))
+			got := receiveN(t, ctx, s, 2)
+			for _, m := range got {
+				if err := s.Nack(ctx, m, 500*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+			}
+			send(t, tp, msg("A", "a2"))
+			m := receiveN(t, ctx, s, 1)[0]
+			if m.ID != "a2" || m.Attempt != 1 {
+				t.Fatalf("received %s attempt %d, want a2 attempt 1", m.ID, m.Attempt)
+			}
+			if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+				t.Fatal(err)
+			}
+			// b1 has no newer message: it is retried.
+			m = receiveN(t, ctx, s, 1)[0]
+			if m.ID != "b1" || m.Attempt != 2 {
+				t.Fatalf("received %s attempt %d, want b1 attempt 2", m.ID, m.Attempt)
+			}
+			if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+				t.Fatal(err)
+			}
+			receiveNone(t, s, 700*time.Millisecond) // a1's retry time passes: it is gone
+			if st := stats(t, s); st.Superseded != 1 || st.Pending != 0 || st.Dead != 0 {
+				t.Fatalf("stats %+v, want a1 superseded", st)
+			}
+		})
+	}
+}
+
+// A message with a not-before time newer than a ready one does not
+// supersede it before it is due; an older delayed one is superseded by a
+// newer ready one.
+func TestCompactNotBefore(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.compactSub("t", policy.Exclusive, 0)
+	ctx := ctxT(t, 30*time.Second)
+	later := &adapters.Message{ID: "a0", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Hour)}
+	send(t, tp, later, msg("A", "a1"))
+	delayed := &adapters.Message{ID: "a2", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(700 * time.Millisecond)}
+	send(t, tp, delayed)
+	m := receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a1" {
+		t.Fatalf("received %s, want a1 (a0 older and superseded, a2 not due)", m.ID)
+	}
+	if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	m = receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a2" {
+		t.Fatalf("received %s, want a2 when due", m.ID)
+	}
+	if st := stats(t, s); st.Superseded != 1 {
+		t.Fatalf("stats %+v, want a0 superseded", st)
+	}
+}
+
+// A consumer that loses its lease loses its message to compaction when a
+// newer one is waiting; its late Ack and Nack change nothing. With nothing
+// newer, the message is redelivered with the lost attempt counted.
+func TestCompactLeaseLost(t *testing.T) {
+	for _, ord := range compactPolicies {
+		t.Run(ord.String(), func(t *testing.T) {
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			dead := e.compactSub("t", ord, time.Second)
+			live := e.compactSub("t", ord, time.Second)
+			ctx := ctxT(t, 30*time.Second)
+			send(t, tp, msg("A", "a1"), msg("B", "b1"))
+			lost := receiveN(t, ctx, dead, 2) // then the consumer stops renewing
+			send(t, tp, msg("A", "a2"))
+			if ord == policy.Exclusive {
+				receiveNone(t, live, 500*time.Millisecond) // A is still leased
+			}
+			var got []*adapters.Message
+			for len(got) < 2 {
+				got = append(got, receiveN(t, ctx, live, 1)...)
+			}
+			byID := map[string]*adapters.Message{}
+			for _, m := range got {
+				byID[m.ID] = m
+			}
+			if byID["a2"] == nil || byID["b1"] == nil {
+				t.Fatalf("received %v, want a2 and b1", ids(got))
+			}
+			if a := byID["b1"].Attempt; a != 2 {
+				t.Fatalf("b1 attempt %d, want 2 (the lost lease counts)", a)
+			}
+			// The stale consumer's settlements change nothing.
+			for _, m := range lost {
+				if m.ID == "a1" {
+					if err := dead.Nack(ctx, m, 0); err != nil {
+						t.Fatal(err)
+					}
+					if err := dead.Ack(ctx, []*adapters.Message{m}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := live.Ack(ctx, got); err != nil {
+				t.Fatal(err)
+			}
+			receiveNone(t, live, 300*time.Millisecond)
+			if st := stats(t, live); st.Superseded != 1 || st.Pending != 0 {
+				t.Fatalf("stats %+v, want a1 superseded, nothing pending", st)
+			}
+		})
+	}
+}
+
+// Ordered refuses compaction with a typed error naming both; an existing
+// subscription cannot be reopened with another compaction setting.
+func TestCompactRefusedUnderOrdered(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t, 30*time.Second)
+	err := e.admin.CreateSubscription(ctx, "t", "s", &postgres.SubscriptionOptions{Ordering: policy.Ordered, Compaction: true})
+	if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), "Compaction") || !strings.Contains(err.Error(), "Ordered") {
+		t.Fatalf("err = %v, want ErrInvalidConfig naming Compaction and Ordered", err)
+	}
+	if err := e.admin.CreateSubscription(ctx, "t", "x", &postgres.SubscriptionOptions{Ordering: policy.Exclusive, Compaction: true}); err != nil {
+		t.Fatal(err)
+	}
+	err = e.admin.CreateSubscription(ctx, "t", "x", &postgres.SubscriptionOptions{Ordering: policy.Exclusive})
+	if !errors.Is(err, keyorder.ErrInvalidConfig) {
+		t.Fatalf("reopening without compaction: err = %v, want ErrInvalidConfig", err)
+	}
+	// The schema refuses it too, whatever writes the row.
+	_, err = e.pool.Exec(ctx, "UPDATE "+e.schema+".subscriptions SET ordering = 2 WHERE name = 'x'")
+	if err == nil {
+		t.Fatal("the schema accepted an Ordered compacting subscription")
+	}
+}
+
+// Concurrent publishers and consumers: the newest message of every key is
+// delivered, every message is either delivered or superseded, and (under
+// Exclusive) no key ever sees an older message after a newer one.
+func TestCompactConcurrentPublishersAndConsumers(t *testing.T) {
+	for _, ord := range compactPolicies {
+		t.Run(ord.String(), func(t *testing.T) {
+			const keys, versions, publishers, consumers = 20, 30, 4, 3
+			e := newEnv(t)
+			tp := e.topic("t", nil)
+			subs := make([]*postgres.Subscription, consumers)
+			for i := range subs {
+				subs[i] = e.compactSub("t", ord, 0)
+			}
+			ctx := ctxT(t, 2*time.Minute)
+			var mu sync.Mutex
+			last := map[string]int{}  // newest version received per key
+			acked := map[string]int{} // newest version acknowledged per key
+			delivered := 0
+			var problems []string
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			for _, s := range subs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+						ms, err := s.Receive(rctx, 5)
+						cancel()
+						if err != nil {
+							select {
+							case <-done:
+								return
+							default:
+								continue
+							}
+						}
+						for _, m := range ms {
+							v, _ := strconv.Atoi(string(m.Payload))
+							mu.Lock()
+							delivered++
+							if ord == policy.Exclusive && v < last[m.Key] { // a retry repeats a version
+								problems = append(problems, fmt.Sprintf("key %s: version %d after %d", m.Key, v, last[m.Key]))
+							}
+							// Parallel: claims of one key run side by side, so the
+							// order in which their Receive calls return says
+							// nothing (a claim that began before the newer
+							// message existed may return after it was acked).
+							if ord == policy.Exclusive && v <= acked[m.Key] {
+								problems = append(problems, fmt.Sprintf("key %s: version %d after %d was acknowledged", m.Key, v, acked[m.Key]))
+							}
+							last[m.Key] = max(last[m.Key], v)
+							mu.Unlock()
+							time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+							if rand.IntN(10) == 0 {
+								if err := s.Nack(ctx, m, 20*time.Millisecond); err != nil {
+									t.Error(err)
+								}
+								continue
+							}
+							if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+								t.Error(err)
+							}
+							mu.Lock()
+							acked[m.Key] = max(acked[m.Key], v)
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			// Each publisher owns keys i, i+publishers, ...: a key's versions
+			// are published in order, one or a few per publish.
+			var pw sync.WaitGroup
+			for p := range publishers {
+				pw.Add(1)
+				go func() {
+					defer pw.Done()
+					for v := 1; v <= versions; {
+						for k := p; k < keys; k += publishers {
+							var ms []*adapters.Message
+							for j := v; j < v+2 && j <= versions; j++ {
+								ms = append(ms, &adapters.Message{ID: fmt.Sprintf("k%d-%d", k, j), Key: fmt.Sprintf("k%d", k), Payload: []byte(strconv.Itoa(j))})
+							}
+							batches := [][]*adapters.Message{ms}
+							if rand.IntN(2) == 0 && len(ms) == 2 {
+								batches = [][]*adapters.Message{ms[:1], ms[1:]}
+							}
+							for _, b := range batches {
+								if err := tp.SendBatch(ctx, b); err != nil {
+									t.Error(err)
+									return
+								}
+							}
+						}
+						v += 2
+					}
+				}()
+			}
+			pw.Wait()
+			// Wait until every key's newest version is acknowledged.
+			for {
+				mu.Lock()
+				n := 0
+				for _, v := range acked {
+					if v == versions {
+						n++
+					}
+				}
+				mu.Unlock()
+				if n == keys && stats(t, subs[0]).Pending == 0 {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("only %d of %d keys reached version %d", n, keys, versions)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			close(done)
+			wg.Wait()
+			st := stats(t, subs[0])
+			if len(problems) > 0 {
+				t.Fatalf("%d order problems, first: %v", len(problems), problems[:min(5, len(problems))])
+			}
+			t.Logf("%s: %d published, %d deliveries (retries included), %d superseded", ord, keys*versions, delivered, st.Superseded)
+			if st.Superseded == 0 || st.Superseded >= int64(keys*versions) {
+				t.Fatalf("superseded %d of %d", st.Superseded, keys*versions)
+			}
+		})
+	}
+}
