@@ -46,8 +46,8 @@ func TestMigrateIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 1 || len(res.Applied) != 1 {
+	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 2})
+	if err != nil || res.Version != 1 || len(res.Applied) != 2 {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
