@@ -64,6 +64,7 @@ var cases = []testCase{
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
 	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
+	{"CompactionDeliversNewest", Spec{Ordering: policy.Exclusive, Compaction: true}, compactionDeliversNewest},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported
@@ -85,6 +86,9 @@ func Run(t *testing.T, h Harness) {
 		t.Run(c.name, func(t *testing.T) {
 			if why, ok := caps.Unsupported[c.name]; ok {
 				t.Skipf("not supported by this backend: %s", why)
+			}
+			if c.spec.Compaction && !caps.Compaction {
+				t.Skipf("not supported by this backend: %s", NoCompactionReason)
 			}
 			body := func(t *testing.T) { c.run(newFixture(t, h, caps, c.spec)) }
 			if caps.FakeClock {

@@ -27,6 +27,11 @@ type Spec struct {
 	// waits for it to expire). A backend may round it up to its minimum and
 	// must report what it used in the driver's Capabilities.
 	LeaseDuration time.Duration
+	// Compaction asks for a subscription that delivers, per key, only the
+	// newest message waiting when the key becomes free (the rest are
+	// superseded). A backend without compaction declares the cases that set
+	// it Unsupported.
+	Compaction bool
 }
 
 // Pair is a fresh topic with one subscription on it.
@@ -50,7 +55,17 @@ type Capabilities struct {
 	Unit time.Duration
 	// Unsupported maps case names to the reason the backend cannot run them.
 	Unsupported map[string]string
+	// Compaction: the backend can create subscriptions with Spec.Compaction.
+	// Without it the cases that need compaction are skipped with the reason
+	// given in Unsupported, or NoCompactionReason.
+	Compaction bool
 }
+
+// NoCompactionReason is why a backend without Capabilities.Compaction skips
+// the compaction cases when it gives no reason of its own.
+const NoCompactionReason = "the broker keeps every message until a consumer acknowledges it and offers no way to " +
+	"resolve a message that has not been delivered (Pub/Sub, SQS and Pulsar acknowledge only what they handed out), " +
+	"so a newer message cannot supersede an older one"
 
 // Harness creates topics and subscriptions on one backend.
 type Harness interface {

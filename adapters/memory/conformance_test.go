@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"maps"
 	"testing"
 
 	"github.com/keyorder/keyorder/adapters"
@@ -15,13 +16,16 @@ type harness struct {
 }
 
 func (h harness) Capabilities() integration.Capabilities {
-	c := integration.Capabilities{FakeClock: true}
+	c := integration.Capabilities{FakeClock: true, Unsupported: map[string]string{
+		"CompactionDeliversNewest": "the memory broker has no compaction: its key queues (internal/groupq) hand out " +
+			"every message; compaction is PostgreSQL's (SubscriptionOptions.Compaction)",
+	}}
 	if h.chain > 1 {
-		c.Unsupported = map[string]string{
+		maps.Copy(c.Unsupported, map[string]string{
 			"WorkedExample": "a receive that returns a chain (a1 with a2) prefetches the group's successor, so the " +
 				"second worker waits where the worked example's broker would have handed it s1; " +
 				"chains trade that exact schedule for fewer round trips (group order is still checked by the other cases)",
-		}
+		})
 	}
 	return c
 }

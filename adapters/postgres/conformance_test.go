@@ -20,7 +20,7 @@ type harness struct {
 }
 
 func (h *harness) Capabilities() integration.Capabilities {
-	c := integration.Capabilities{}
+	c := integration.Capabilities{Compaction: true}
 	if h.chain > 1 {
 		c.Unsupported = map[string]string{
 			"WorkedExample": "a claim that takes a chain (a1 with a2) prefetches the group's successor, so the " +
@@ -37,7 +37,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 		Create:        true,
 		LeaseDuration: max(spec.LeaseDuration, postgres.LeaseDurationMin),
 		ChainLength:   h.chain,
-		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering},
+		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering, Compaction: spec.Compaction},
 	})
 	tp, err := postgres.OpenTopicDriver(ctx, h.e.pool, name, opts)
 	if err != nil {
