@@ -30,6 +30,9 @@ type statsJSON struct {
 	// Keys counts keys with something pending or in flight.
 	Keys int64 `json:"keys"`
 	Held int   `json:"held"`
+	// Superseded counts messages a compacting subscription resolved
+	// without delivering them (a newer message of the key was delivered).
+	Superseded int64 `json:"superseded"`
 	// Unknown lists what the backend cannot report.
 	Unknown []string `json:"unknown"`
 }
@@ -67,6 +70,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	}
 	if b := st.Backend; b != nil {
 		out.Pending, out.Dead, out.Keys, out.Held = b.Pending, int(b.Dead), b.Keys, int(b.HeldKeys)
+		out.Superseded = b.Superseded
 	}
 	if out.Dead < 0 {
 		// The backend does not count them: list them, where it can.
@@ -131,6 +135,9 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		row("keys", fmt.Sprintf("%d (with something pending or in flight)", out.Keys))
 	} else {
 		row("pending, keys", "not reported by this backend")
+	}
+	if out.Superseded > 0 {
+		row("superseded", fmt.Sprintf("%d (compaction: resolved without delivery, a newer message of the key was delivered)", out.Superseded))
 	}
 	tw.Flush()
 	c.printf("%s", b.String())
