@@ -92,7 +92,7 @@ func main() {
 		only  string
 		c     config
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite, pgcompact for PostgreSQL compaction")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -110,6 +110,11 @@ func main() {
 	flag.IntVar(&c.backlogBig, "backlog", 200000, "pgsuite: large backlog for the flatness test (0: skip)")
 	flag.Parse()
 	ctx := context.Background()
+	if which == "pgcompact" {
+		c.size = o.size
+		pgCompact(ctx, c, o.out)
+		return
+	}
 	if which == "pgsuite" {
 		c.n, c.size, c.rounds, c.only = o.n, o.size, max(o.rounds, 1), only
 		pgSuite(ctx, c)
