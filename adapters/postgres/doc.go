@@ -21,7 +21,7 @@
 //
 // Each keyorder parameter sets one Options field: topic, subscription,
 // schema, migrate, create (with ordering, max_attempts, min_backoff,
-// max_backoff for a new subscription), lease, max_batch, chain, poll,
+// max_backoff, compact for a new subscription), lease, max_batch, chain, poll,
 // notify_debounce, missing_key. The connection parameters sslmode,
 // sslrootcert, sslcert, sslkey, sslpassword, connect_timeout,
 // application_name, target_session_attrs and pool_* go to pgx; any other
@@ -104,6 +104,42 @@
 // Receive of its own process at once (no NOTIFY: other processes find the
 // key on their next claim or poll). The listening connection reconnects with
 // backoff when it is lost.
+//
+// # Compaction
+//
+// A subscription created with SubscriptionOptions.Compaction (URL:
+// compact=true) delivers, for each key, only the newest message waiting when
+// the key is claimed; the key's older waiting messages are superseded:
+// deleted with their bodies (when no other subscription needs them) and
+// counted in the superseded table (BackendStats.Superseded), never
+// dead-lettered. It is for handlers that apply a key's latest state.
+// Ordered refuses it with keyorder.ErrInvalidConfig (its guarantee is the
+// key's history), and so does the schema (a CHECK constraint).
+//
+// Under Exclusive, claim_keys_compact (migration 003) locks claimable heads
+// as claim_keys does, takes the newest ready message of each key (a chain of
+// one) and deletes the older ones, ready or waiting for a retry or a
+// not-before time, in the same transaction. A claimable head is not leased,
+// so nothing superseded is in flight; a message in flight is never
+// superseded, and newer ones wait for it. Because publishers lock the head
+// before drawing ids, no message older than the claimed one can appear
+// later: a key never sees an older message after a newer one, and the
+// newest is never lost. Newer messages not yet due stay.
+//
+// Under Parallel, keyed messages are claimed row by row: a locked ready row
+// is delivered only if no newer message of its key is ready or in flight
+// (in the claim's snapshot), and is superseded otherwise; claiming a row
+// supersedes the key's older rows that nobody holds (SKIP LOCKED: a row
+// another claim holds is judged by that claim, which sees ours as newer).
+// A failed message is superseded instead of retried when its key has a
+// newer message pending. Claims of one key run side by side, so two
+// messages of a key can be delivered together, and a message that fails
+// after a newer one of its key was acknowledged is retried: Parallel
+// compaction saves work, it does not order.
+//
+// A consumer that loses its lease loses its message to compaction when a
+// newer one is waiting (its late Ack or Nack changes nothing); with nothing
+// newer the message is redelivered with the lost attempt counted.
 //
 // # Retry settings
 //
