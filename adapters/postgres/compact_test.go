@@ -403,3 +403,126 @@ func TestCompactConcurrentPublishersAndConsumers(t *testing.T) {
 		})
 	}
 }
+
+// A publish racing the claim: while a publisher of the key holds its
+// transaction open (it holds the key's head), the claim skips the key and
+// supersedes nothing; once it commits, its message is the newest and the
+// only one delivered.
+func TestCompactPublishRacingClaim(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.compactSub("t", policy.Exclusive, 0)
+	ctx := ctxT(t, 30*time.Second)
+	send(t, tp, msg("A", "a1"), msg("A", "a2"), msg("B", "b1"))
+	ob, err := postgres.OpenOutbox(ctx, e.pool, "t", e.opts(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := ob.PublishTx(ctx, tx, &keyorder.Message{ID: "a3", Key: "A", Payload: []byte("a3")}); err != nil {
+		t.Fatal(err)
+	}
+	// Only B is claimable while the publisher of A is open.
+	m := receiveN(t, ctx, s, 1)[0]
+	if m.ID != "b1" {
+		t.Fatalf("received %s, want b1 (A is locked by its publisher)", m.ID)
+	}
+	receiveNone(t, s, 300*time.Millisecond)
+	if st := stats(t, s); st.Superseded != 0 {
+		t.Fatalf("stats %+v: nothing may be superseded while the key's publisher is open", st)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m = receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a3" {
+		t.Fatalf("received %s, want a3 (the newest, committed after the claim began)", m.ID)
+	}
+	if st := stats(t, s); st.Superseded != 2 {
+		t.Fatalf("stats %+v, want a1 and a2 superseded", st)
+	}
+}
+
+// A claim whose transaction is rolled back (a connection lost before the
+// claim commits) supersedes nothing: the messages are all there and the
+// next claim compacts them again.
+func TestCompactClaimRolledBack(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.compactSub("t", policy.Exclusive, 0)
+	ctx := ctxT(t, 30*time.Second)
+	send(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+	// Run the claim in a transaction that is rolled back, as a claim whose
+	// connection is lost before commit would be.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sub, topic int32
+	if err := tx.QueryRow(ctx, "SELECT s.id, s.topic_id FROM "+e.schema+".subscriptions s WHERE s.name = 'sub'").Scan(&sub, &topic); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, "SELECT msg_id FROM "+e.schema+".claim_keys_compact($1, $2, 10, '30s', 42)", sub, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, id)
+	}
+	if err := rows.Err(); err != nil || !slices.Equal(got, []string{"a3"}) {
+		t.Fatalf("claim in tx: %v %v, want a3", got, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, s); st.Superseded != 0 || st.Pending != 3 {
+		t.Fatalf("stats %+v after a rolled-back claim: want nothing superseded, 3 pending", st)
+	}
+	m := receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a3" || m.Attempt != 1 {
+		t.Fatalf("received %s attempt %d, want a3 attempt 1", m.ID, m.Attempt)
+	}
+	if st := stats(t, s); st.Superseded != 2 {
+		t.Fatalf("stats %+v, want 2 superseded", st)
+	}
+}
+
+// Parallel: a message that fails while a newer message of its key is
+// pending or in flight is superseded at once instead of retried; without a
+// newer one it is retried.
+func TestCompactParallelNackWithNewer(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	s := e.compactSub("t", policy.Parallel, 0)
+	ctx := ctxT(t, 30*time.Second)
+	send(t, tp, msg("A", "a1"))
+	a1 := receiveN(t, ctx, s, 1)[0]
+	send(t, tp, msg("A", "a2"))
+	a2 := receiveN(t, ctx, s, 1)[0] // in flight beside a1
+	if a2.ID != "a2" {
+		t.Fatalf("received %s, want a2", a2.ID)
+	}
+	if err := s.Nack(ctx, a1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, s); st.Superseded != 1 || st.Pending != 1 {
+		t.Fatalf("stats %+v: a1 failed with a2 in flight, want it superseded", st)
+	}
+	if err := s.Nack(ctx, a2, 0); err != nil {
+		t.Fatal(err)
+	}
+	m := receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a2" || m.Attempt != 2 {
+		t.Fatalf("received %s attempt %d, want a2 retried (nothing newer)", m.ID, m.Attempt)
+	}
+}

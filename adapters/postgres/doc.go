@@ -141,6 +141,11 @@
 // newer one is waiting (its late Ack or Nack changes nothing); with nothing
 // newer the message is redelivered with the lost attempt counted.
 //
+// Redrive places a dead letter after what arrived meanwhile, as everywhere:
+// on a compacting subscription it becomes its key's newest message and
+// supersedes the newer updates still waiting. Redrive only what is still
+// current.
+//
 // # Retry settings
 //
 // A subscription's retry settings (max_attempts, min_backoff, max_backoff)
