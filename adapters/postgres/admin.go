@@ -120,7 +120,31 @@ func (s *store) createSubscription(ctx context.Context, topic, name string, opts
 	if info.opts.conflicts(o) {
 		return info, fmt.Errorf("%w: postgres: subscription %q of %q exists with %+v, not %+v", keyorder.ErrInvalidConfig, name, topic, *info.opts, *o)
 	}
+	if err := s.ensureCompactIndex(ctx, info); err != nil {
+		return nil, fmt.Errorf("postgres: create subscription %q of %q: %w", name, topic, err)
+	}
 	return info, nil
+}
+
+// ensureCompactIndex creates the partial index of a compacting Parallel
+// subscription (sqlCompactIndex) if it is missing. Two processes creating
+// it at once race on the catalog: the loser's error means it exists.
+func (s *store) ensureCompactIndex(ctx context.Context, info *subInfo) error {
+	if !info.opts.Compaction || info.opts.Ordering != policy.Parallel {
+		return nil
+	}
+	// CREATE INDEX IF NOT EXISTS locks the table before it finds the index:
+	// look first, so reopening with Create does not stall publishers.
+	var exists bool
+	if err := s.pool.QueryRow(ctx, s.compactSQL(`SELECT to_regclass('{{schema}}.deliveries_compact_{{sub}}') IS NOT NULL`, info.id)).Scan(&exists); err != nil || exists {
+		return err
+	}
+	_, err := s.pool.Exec(ctx, s.compactSQL(sqlCompactIndex, info.id))
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P07") {
+		return nil
+	}
+	return err
 }
 
 // subInfo is a subscription's row.
@@ -160,6 +184,7 @@ func (a *Admin) DeleteSubscription(ctx context.Context, topic, name string) erro
 		return err
 	}
 	b := &pgx.Batch{}
+	b.Queue(a.s.compactSQL(`DROP INDEX IF EXISTS {{schema}}.deliveries_compact_{{sub}}`, info.id))
 	for _, t := range []string{"deliveries", "heads", "dead_letters", "superseded", "subscriptions"} {
 		col := "sub_id"
 		if t == "subscriptions" {

@@ -526,3 +526,44 @@ func TestCompactParallelNackWithNewer(t *testing.T) {
 		t.Fatalf("received %s attempt %d, want a2 retried (nothing newer)", m.ID, m.Attempt)
 	}
 }
+
+// A compacting Parallel subscription gets a partial index of its own (no
+// other subscription's publishes maintain it); deleting the subscription
+// or migrating below 003 drops it.
+func TestCompactParallelIndex(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t, 30*time.Second)
+	count := func() int {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE 'deliveries\_compact\_%'`, e.schema).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, name := range []string{"p1", "p2"} {
+		if err := e.admin.CreateSubscription(ctx, "t", name, &postgres.SubscriptionOptions{Compaction: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.admin.CreateSubscription(ctx, "t", "p1", &postgres.SubscriptionOptions{Compaction: true}); err != nil {
+		t.Fatal(err) // reopening finds the index
+	}
+	if err := e.admin.CreateSubscription(ctx, "t", "x", &postgres.SubscriptionOptions{Ordering: policy.Exclusive, Compaction: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("%d compaction indexes, want 2 (one per compacting Parallel subscription)", n)
+	}
+	if err := e.admin.DeleteSubscription(ctx, "t", "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d compaction indexes after deleting one subscription, want 1", n)
+	}
+	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d compaction indexes below migration 003, want 0", n)
+	}
+}

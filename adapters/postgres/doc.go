@@ -132,7 +132,10 @@
 // supersedes the key's older rows that nobody holds (SKIP LOCKED: a row
 // another claim holds is judged by that claim, which sees ours as newer).
 // A failed message is superseded instead of retried when its key has a
-// newer message pending. Claims of one key run side by side, so two
+// newer message pending. The key lookups use an index of the subscription's
+// own (deliveries_compact_<id>, partial on its id, created with it and
+// dropped by DeleteSubscription), so other subscriptions' publishes do not
+// maintain it. Claims of one key run side by side, so two
 // messages of a key can be delivered together, and a message that fails
 // after a newer one of its key was acknowledged is retried: Parallel
 // compaction saves work, it does not order.

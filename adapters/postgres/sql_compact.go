@@ -1,5 +1,10 @@
 package postgres
 
+import (
+	"strconv"
+	"strings"
+)
+
 // The queries of compacting subscriptions (SubscriptionOptions.Compaction,
 // migration 003). Exclusive keys are claimed through claim_keys_compact
 // (see migration/003_compaction.up.sql for why it is correct under
@@ -47,12 +52,12 @@ WITH c AS (
 ), v AS (
     SELECT c.id, c.msg_key, c.msg_key IS NOT NULL AND EXISTS (
         SELECT 1 FROM {{schema}}.deliveries n
-        WHERE n.sub_id = $1 AND n.direct AND n.msg_key = c.msg_key AND n.id > c.id
+        WHERE n.sub_id = {{sub}} AND n.direct AND n.msg_key IS NOT NULL AND n.msg_key = c.msg_key AND n.id > c.id
           AND (n.can_run_after <= now() OR n.lease_token IS NOT NULL)) AS sup
     FROM c
 ), old AS (
     SELECT o.id FROM {{schema}}.deliveries o
-    WHERE o.sub_id = $1 AND o.direct
+    WHERE o.sub_id = {{sub}} AND o.direct AND o.msg_key IS NOT NULL
       AND o.msg_key IN (SELECT v.msg_key FROM v WHERE NOT v.sup AND v.msg_key IS NOT NULL)
       AND o.id < (SELECT max(v.id) FROM v WHERE v.msg_key = o.msg_key AND NOT v.sup)
       AND o.id NOT IN (SELECT v.id FROM v)
@@ -80,7 +85,7 @@ const sqlNackDirectCompact = `
 WITH t AS (
     SELECT d.id, d.msg_key IS NOT NULL AND EXISTS (
         SELECT 1 FROM {{schema}}.deliveries n
-        WHERE n.sub_id = $1 AND n.direct AND n.msg_key = d.msg_key AND n.id > d.id) AS sup
+        WHERE n.sub_id = {{sub}} AND n.direct AND n.msg_key IS NOT NULL AND n.msg_key = d.msg_key AND n.id > d.id) AS sup
     FROM {{schema}}.deliveries d
     WHERE d.sub_id = $1 AND d.id = $2 AND d.lease_token = $4
     FOR UPDATE
@@ -90,6 +95,22 @@ WITH t AS (
 )` + supersede + `
 UPDATE {{schema}}.deliveries d SET can_run_after = now() + $3::interval, lease_token = NULL
 FROM t WHERE d.sub_id = $1 AND d.id = t.id AND NOT t.sup`
+
+// compactSQL expands a compacting subscription's query: {{sub}} is its id
+// as a literal, so that the planner can use the subscription's partial
+// index (sqlCompactIndex) even in a generic plan.
+func (s *store) compactSQL(tmpl string, subID int32) string {
+	return s.sql(strings.ReplaceAll(tmpl, "{{sub}}", strconv.Itoa(int(subID))))
+}
+
+// sqlCompactIndex creates the index a compacting Parallel subscription's
+// claims look keys up in ({{sub}}: its id). It is partial on the
+// subscription so that no other subscription's publishes maintain it (one
+// index over all keyed direct deliveries cost Parallel publishes ~40 %).
+// Building it takes a SHARE lock on deliveries: writes wait while it scans
+// the table.
+const sqlCompactIndex = `CREATE INDEX IF NOT EXISTS deliveries_compact_{{sub}} ON {{schema}}.deliveries (msg_key, id)
+    WHERE sub_id = {{sub}} AND direct AND msg_key IS NOT NULL`
 
 // sqlSuperseded sums a subscription's superseded counter.
 const sqlSuperseded = `SELECT coalesce(sum(n), 0) FROM {{schema}}.superseded WHERE sub_id = $1`

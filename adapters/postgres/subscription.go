@@ -154,8 +154,8 @@ func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 	if info.opts.Compaction {
 		su.compact = true
 		su.claimKeys = s.sql(sqlClaimKeysCompact)
-		su.claimDirect = s.sql(sqlClaimDirectCompact)
-		su.nackDirect = s.sql(sqlNackDirectCompact)
+		su.claimDirect = s.compactSQL(sqlClaimDirectCompact, info.id)
+		su.nackDirect = s.compactSQL(sqlNackDirectCompact, info.id)
 	}
 	su.listener = startListener(pool, s.channel(topic), su.wake, su.done, o.Logger)
 	if info.opts.Ordering.Keyed() && o.VacuumInterval > 0 {
