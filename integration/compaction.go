@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -21,7 +22,9 @@ func compactionDeliversNewest(f *fixture) {
 	f.publish(p, "a1:A", "a2:A", "b1:B", "a3:A", "b2:B", "a4:A")
 	// Published before any consumer runs: a4 and b2 are the newest waiting.
 	g := newGate()
-	r := f.subscribe(&subscribe.Config{Workers: 2}, g.handler)
+	// Shared workers: with keyed lanes A and B could hash onto one lane and
+	// a4 would wait behind the gated b2.
+	r := f.subscribe(&subscribe.Config{Workers: 2, Assign: lanes.Shared}, g.handler)
 	f.waitFor(20, "a4 and b2 in flight", func() bool {
 		got := f.rec.runningNow()
 		return slices.Equal(got, []string{"a4", "b2"})

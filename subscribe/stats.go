@@ -40,7 +40,8 @@ type Stats struct {
 	// Outstanding is how many received messages are not settled yet.
 	Outstanding int
 	// Backend holds the subscription's counts as the backend reports them
-	// (PostgreSQL counts pending messages, dead letters and held keys;
+	// (PostgreSQL counts pending messages, dead letters, held keys and,
+	// for a compacting subscription, superseded messages;
 	// a count a backend cannot report is keyorder.Unknown). It is nil when
 	// the backend reports none.
 	Backend *keyorder.BackendStats
