@@ -561,3 +561,43 @@ func TestCompactParallelIndex(t *testing.T) {
 		t.Fatalf("%d compaction indexes below migration 003, want 0", n)
 	}
 }
+
+// A consumer process killed with SIGKILL while it runs a compacted key's
+// newest message: newer updates published meanwhile wait for the lease; when
+// it expires the key is compacted again, the dead process's message with
+// the rest (it lost the key with its lease), and only the newest runs.
+func TestCompactProcessKilled(t *testing.T) {
+	e := newEnv(t)
+	tp := e.topic("t", nil)
+	ctx := ctxT(t, 60*time.Second)
+	if err := e.admin.CreateSubscription(ctx, "t", "s", &postgres.SubscriptionOptions{Ordering: policy.Exclusive, Compaction: true}); err != nil {
+		t.Fatal(err)
+	}
+	send(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
+	h := startHelper(t, e, "t", 2*time.Second, 0, "a3")
+	waitUntil(t, 30*time.Second, "the helper to start handling a3", func() bool {
+		rs := h.read(t, 0)
+		return len(rs) > 0 && rs[len(rs)-1].start && rs[len(rs)-1].id == "a3"
+	})
+	if rs := h.read(t, 0); len(rs) != 1 {
+		t.Fatalf("the helper handled %v, want only a3 (a1 and a2 superseded)", rs)
+	}
+	send(t, tp, msg("A", "a4"), msg("A", "a5"))
+	h.kill()
+	o := e.opts(&postgres.Options{LeaseDuration: 2 * time.Second})
+	s, err := postgres.OpenSubscriptionDriver(ctx, e.pool, "t", "s", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := receiveN(t, ctx, s, 1)[0]
+	if m.ID != "a5" || m.Attempt != 1 {
+		t.Fatalf("after the kill received %s attempt %d, want a5 attempt 1", m.ID, m.Attempt)
+	}
+	if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, s); st.Superseded != 4 || st.Pending != 0 || st.Dead != 0 {
+		t.Fatalf("stats %+v, want a1-a4 superseded, nothing pending or dead", st)
+	}
+}
