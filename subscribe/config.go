@@ -65,8 +65,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer sees each handler attempt and its outcome, for tracing and
 	// metrics (see module github.com/keyorder/keyorder/otelkeyorder). Nil
-	// means none, and costs one nil check per attempt.
+	// means none, and costs one nil check per attempt. Under RunBatch it
+	// sees each message of a batch as an attempt of its own.
 	Observer Observer
+	// Batch configures the batches RunBatch hands its handler; Run ignores
+	// it. Nil means the defaults of BatchConfig.
+	Batch *BatchConfig
 }
 
 // WithDefaults returns a copy of c with defaults applied.
@@ -91,6 +95,7 @@ func (c *Config) WithDefaults() *Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	out.Batch = out.Batch.WithDefaults()
 	return out
 }
 
@@ -102,6 +107,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: subscribe.Config.MaxOutstanding must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxOutstanding)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: subscribe.Config.ShutdownTimeout must not be negative", keyorder.ErrInvalidConfig)
+	}
+	if err := c.Batch.validate(); err != nil {
+		return err
 	}
 	if err := c.Retry.Validate(); err != nil {
 		return fmt.Errorf("%w: subscribe.Config.Retry: %v", keyorder.ErrInvalidConfig, err)

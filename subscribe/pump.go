@@ -23,6 +23,14 @@ type item struct {
 	seq     uint64 // receive order
 	lost    atomic.Bool
 
+	// Under RunBatch the item submitted to the lanes carries its batch:
+	// batch lists the members not yet settled, in order (the item itself
+	// first until it is settled; after a partial failure the carrier stays
+	// the lane's item while batch holds the failed message and those
+	// behind it). due is when an open batch is handed to the lanes.
+	batch []*item
+	due   time.Time
+
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	parked   bool // counted in its key's keyHold.parked
@@ -139,6 +147,13 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			}
 			s.mu.Unlock()
 			s.releaseTokens(free)
+			if s.batcher != nil {
+				if err := s.batcher.add(ctx, it); err != nil {
+					s.giveBack(its[i+1:]) // the batcher gave back its batch
+					break
+				}
+				continue
+			}
 			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
 				// Shutting down: give this one and the rest back
 				// unhandled, all of them, so that none of a key is
@@ -146,6 +161,11 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				s.giveBack(its[i:])
 				break
 			}
+		}
+		if s.batcher != nil && s.caps.NativeHold {
+			// Nothing more of these keys comes while they are leased:
+			// their batches are as full as they get.
+			s.batcher.flushAll(ctx)
 		}
 	}
 }

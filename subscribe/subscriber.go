@@ -57,6 +57,12 @@ type Subscriber struct {
 	settling sync.WaitGroup
 
 	unobserve func() // from Config.Observer.Attach; see observe.go
+
+	// batcher groups received messages into batches under RunBatch; nil
+	// under Run. outstandingAsked: Config.MaxOutstanding was set, so
+	// RunBatch keeps it.
+	batcher          *batcher
+	outstandingAsked bool
 }
 
 // counters count what a Subscriber did; Stats reads them.
@@ -116,6 +122,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
+	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
 	}
@@ -146,23 +153,38 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler", keyorder.ErrInvalidConfig)
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
+		h = s.cfg.Middleware[i](h)
+	}
+	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
+		return s.handle(ctx, h, it)
+	}, false)
+}
+
+// begin marks the Subscriber running (Run and RunBatch may be called once,
+// and not after Close).
+func (s *Subscriber) begin() error {
 	if !s.running.CompareAndSwap(false, true) {
 		if s.closed.Load() {
 			return fmt.Errorf("subscribe: Run after Close: %w", keyorder.ErrClosed)
 		}
 		return fmt.Errorf("%w: Run called twice", keyorder.ErrInvalidConfig)
 	}
+	return nil
+}
+
+// run is the lifecycle Run and RunBatch share; handler runs each lane item
+// (a message, or under batched a batch of one key's messages).
+func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batched bool) error {
 	defer close(s.done)
-	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
-		h = s.cfg.Middleware[i](h)
-	}
 	pool, err := lanes.New(&lanes.Config{
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
-	}, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
-		return s.handle(ctx, h, it)
-	})
+	}, handler)
 	if err != nil {
 		return err
 	}
@@ -182,7 +204,13 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	ackDone := make(chan struct{})
 	go s.acker(ackDone)
 
+	if batched {
+		s.batcher = newBatcher(s, pool, rctx)
+	}
 	runErr := s.pump(rctx, pool)
+	if s.batcher != nil {
+		s.batcher.stop()
+	}
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	go func() {
@@ -199,6 +227,7 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	s.closing.Store(true)
 	leftover, _ := pool.Close(sctx)
 	cancel()
+	leftover = unbatch(leftover)
 	if len(leftover) > 0 {
 		live := leftover[:0]
 		for _, it := range leftover {
