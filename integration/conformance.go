@@ -64,6 +64,12 @@ var cases = []testCase{
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
 	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
+	// Ordered batches (conformance_batch.go).
+	{"BatchFailsAtIndex", Spec{Ordering: policy.Ordered}, batchFailsAtIndex},
+	{"BatchMaxWait", Spec{Ordering: policy.Ordered}, batchMaxWait},
+	{"BatchRetryAfter", Spec{Ordering: policy.Ordered}, batchRetryAfter},
+	{"BatchDeadLetter", Spec{Ordering: policy.Ordered}, batchDeadLetter},
+	{"BatchShutdownLosesNothing", Spec{Ordering: policy.Ordered}, batchShutdown},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported
