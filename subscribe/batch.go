@@ -263,8 +263,11 @@ func (b *batcher) loop() {
 	}
 }
 
-// stop ends the batcher and gives back the open batches, never started.
-func (b *batcher) stop() {
+// stop ends the batcher and returns the members of its open batches, never
+// started, for Run to give back after what the lanes held: on a broker that
+// redelivers in the order messages are given back (the Pub/Sub emulator),
+// a key's older messages must go back first.
+func (b *batcher) stop() []*item {
 	b.mu.Lock()
 	b.stopped = true
 	var its []*item
@@ -278,7 +281,7 @@ func (b *batcher) stop() {
 	b.mu.Unlock()
 	close(b.quit)
 	<-b.done
-	b.s.giveBack(its)
+	return its
 }
 
 // handleBatch runs one batch on a lane and turns the batch handler's result

@@ -208,8 +208,14 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 		s.batcher = newBatcher(s, pool, rctx)
 	}
 	runErr := s.pump(rctx, pool)
+	var unbatched []*item // open batches, never handed to the lanes
 	if s.batcher != nil {
-		s.batcher.stop()
+		unbatched = s.batcher.stop()
+		if s.caps.NativeHold {
+			// The broker holds the keys; drain must not wait for these.
+			s.giveBack(unbatched)
+			unbatched = nil
+		}
 	}
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
@@ -227,7 +233,7 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 	s.closing.Store(true)
 	leftover, _ := pool.Close(sctx)
 	cancel()
-	leftover = unbatch(leftover)
+	leftover = append(unbatch(leftover), unbatched...)
 	if len(leftover) > 0 {
 		live := leftover[:0]
 		for _, it := range leftover {
