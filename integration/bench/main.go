@@ -38,7 +38,8 @@
 // Output: a Markdown table per backend on stdout and, with -out, in
 // DIR/<backend>.md with a chart in DIR/<backend>.png. -backend pgsuite runs
 // the PostgreSQL-only suite instead (keyorder's driver against River and
-// watermill-sql, key counts, backlog, idle latency, retention).
+// watermill-sql, key counts, backlog, idle latency, retention); -backend
+// pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100).
 //
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.
@@ -92,7 +93,7 @@ func main() {
 		only  string
 		c     config
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite, or pgbatch for ordered batches on a hot PostgreSQL key")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -110,6 +111,12 @@ func main() {
 	flag.IntVar(&c.backlogBig, "backlog", 200000, "pgsuite: large backlog for the flatness test (0: skip)")
 	flag.Parse()
 	ctx := context.Background()
+	if which == "pgbatch" {
+		if err := pgBatchBench(ctx, o); err != nil {
+			log.Fatalf("bench: pgbatch: %v", err)
+		}
+		return
+	}
 	if which == "pgsuite" {
 		c.n, c.size, c.rounds, c.only = o.n, o.size, max(o.rounds, 1), only
 		pgSuite(ctx, c)
