@@ -47,6 +47,44 @@
 // pubsub package). Where the broker holds groups (PostgreSQL, SQS) every
 // retry goes through the broker and the count survives a crash.
 //
+// # Batches
+//
+// A hot key is serial under Exclusive and Ordered. RunBatch lifts that
+// ceiling without giving up order: its handler (BatchHandlerFunc) gets up to
+// Config.Batch.MaxSize consecutive messages of one key, in order, and at
+// most one batch per key is in flight (under Parallel several batches of a
+// key may run at once). A batch that is not full is handed over
+// Config.Batch.MaxWait after its first message arrived. Keyless messages
+// come in batches of one: a batch is always one key's run of messages,
+// which is what lets a handler apply it in one transaction.
+//
+// The handler reports the failed message with keyorder.FailedAt(i, err):
+// ds[:i] are acknowledged, ds[i] gets err's outcome as a single handler's
+// error would (retry with backoff, keyorder.RetryAfter's delay,
+// keyorder.Permanent's dead letter, a dead letter when its attempts run
+// out), and ds[i+1:] return to pending in their order, ahead of anything
+// else of their key, their attempts not counted. Any other error, and a
+// panic, fail the batch at index 0. After a dead letter at i the key
+// continues at once with i+1. Where the process holds keys (no native
+// hold) the failed message and those behind it stay in the lane as one
+// batch until the retry time; where the broker holds them, the failed
+// message is Nacked with its delay and those behind it (and the rest of
+// their chain) are Released unrun.
+//
+// Batches are assembled in process from what is received, one open batch
+// per key, by one goroutine, so a key's batches reach the lanes in order.
+// On a broker that holds keys natively (PostgreSQL, SQS) nothing more of a
+// key arrives while its messages are leased, so a batch there is at most
+// what one receive returns of the key (PostgreSQL's claim chain, an SQS
+// receive) and never waits for MaxWait. Config.MaxOutstanding defaults to
+// 2×Workers×MaxSize under RunBatch so that batches can fill.
+//
+// Config.Observer sees every message of a batch as an attempt of its own
+// (those after the failed index end OutcomeReleased); the handler's context
+// is the one the observer returned for the batch's first message.
+// Config.Middleware wraps a per-message HandlerFunc and does not apply to
+// batches.
+//
 // # Who owns what
 //
 // Each piece of per-message or per-key state has one owner; the others
