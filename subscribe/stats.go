@@ -15,7 +15,8 @@ import (
 // when the backend reports them, the subscription's counts as the broker
 // keeps them.
 type Stats struct {
-	// Handled counts handler calls.
+	// Handled counts handler calls; under RunBatch, messages handed to
+	// the batch handler.
 	Handled int64
 	// Acked counts messages acknowledged.
 	Acked int64
