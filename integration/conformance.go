@@ -70,6 +70,7 @@ var cases = []testCase{
 	{"BatchRetryAfter", Spec{Ordering: policy.Ordered}, batchRetryAfter},
 	{"BatchDeadLetter", Spec{Ordering: policy.Ordered}, batchDeadLetter},
 	{"BatchShutdownLosesNothing", Spec{Ordering: policy.Ordered}, batchShutdown},
+	{"BatchPropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, batchProperty},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported

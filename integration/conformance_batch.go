@@ -9,12 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -402,4 +406,103 @@ func count(ss []string, s string) int {
 		}
 	}
 	return n
+}
+
+// batchProperty: random keys, random failures (retries with and without
+// RetryAfter, dead letters) reported by index from batch handlers: every
+// key completes in published order without its dead letters, each batch is
+// one key's messages in order, and nothing is lost.
+func batchProperty(f *fixture) {
+	seed := rand.Uint64()
+	if s := os.Getenv("KEYORDER_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	f.t.Logf("seed %d (rerun with KEYORDER_SEED=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	const nKeys, nMsgs = 20, 300
+	p := f.publisher(nil)
+	order := map[string][]string{}
+	keyOf := map[string]string{}
+	failPlan := map[string]int{} // name -> failures before success; 99 = permanent
+	var msgs []*keyorder.Message
+	for i := range nMsgs {
+		key := fmt.Sprintf("k%02d", rng.IntN(nKeys))
+		name := fmt.Sprintf("m%03d", i)
+		order[key] = append(order[key], name)
+		keyOf[name] = key
+		switch r := rng.IntN(25); {
+		case r == 0:
+			failPlan[name] = 99
+		case r < 4:
+			failPlan[name] = 1 + rng.IntN(2)
+		}
+		msgs = append(msgs, &keyorder.Message{ID: f.t.Name() + "/" + name, Key: key, Payload: []byte(name)})
+	}
+	var mu sync.Mutex
+	fails := map[string]int{}
+	var log batchLog
+	size := 2 + rng.IntN(9)
+	r := f.subscribeBatch(&subscribe.Config{Workers: 2 + rng.IntN(4),
+		Retry: policy.Retry{MaxAttempts: 4, MinBackoff: f.unit / 10, MaxBackoff: f.unit / 2},
+		Batch: &subscribe.BatchConfig{MaxSize: size, MaxWait: f.unit / 5}}, &log,
+		func(ctx context.Context, ds []*keyorder.Delivery) error {
+			for k, d := range ds {
+				name := nameOf(d)
+				mu.Lock()
+				plan, n := failPlan[name], fails[name]
+				if n < plan {
+					fails[name]++
+				}
+				mu.Unlock()
+				switch {
+				case plan == 99:
+					return keyorder.FailedAt(k, keyorder.Permanent(errors.New("poison")))
+				case n < plan && len(name)%2 == 0:
+					return keyorder.FailedAt(k, keyorder.RetryAfter(errors.New("transient"), f.unit/5))
+				case n < plan:
+					return keyorder.FailedAt(k, errors.New("transient"))
+				}
+			}
+			return nil
+		})
+	for i := 0; i < len(msgs); i += 50 {
+		if _, err := p.PublishBatch(f.ctx, msgs[i:min(i+50, len(msgs))]); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	f.waitFor(400, "every message acked or dead-lettered", func() bool {
+		return int(counts(r.sub).Acked+counts(r.sub).DeadLettered) >= nMsgs
+	})
+	r.stop(f.t)
+	for key, names := range order {
+		want := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return failPlan[n] == 99 })
+		if got := f.firstDone(key); !slices.Equal(got, want) {
+			f.t.Errorf("key %s completed %v, want %v (published order without dead letters)", key, got, want)
+		}
+	}
+	dead := 0
+	for _, v := range failPlan {
+		if v == 99 {
+			dead++
+		}
+	}
+	if got := int(counts(r.sub).DeadLettered); got != dead {
+		f.t.Errorf("dead-lettered %d messages, want the %d planned", got, dead)
+	}
+	batches, _ := log.get()
+	for _, b := range batches {
+		if len(b) > size {
+			f.t.Errorf("batch %v is larger than MaxSize %d", b, size)
+		}
+		names := order[keyOf[b[0]]]
+		for k := 1; k < len(b); k++ {
+			if keyOf[b[k]] != keyOf[b[0]] || slices.Index(names, b[k]) <= slices.Index(names, b[k-1]) {
+				f.t.Errorf("batch %v is not one key's messages in order", b)
+				break
+			}
+		}
+	}
+	if f.t.Failed() {
+		f.t.Logf("FAILED with seed %d", seed)
+	}
 }
