@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -307,4 +308,70 @@ func holdName(h memory.Hold) string {
 		return "Native"
 	}
 	return "InProcess"
+}
+
+// Under Exclusive and Parallel a failure inside a batch still ends with
+// every message handled, on both shapes; under Exclusive at most one batch
+// of a key runs at a time.
+func TestBatchExclusiveAndParallel(t *testing.T) {
+	for _, ord := range []policy.Ordering{policy.Exclusive, policy.Parallel} {
+		for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
+			t.Run(ord.String()+"/"+holdName(hold), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					w := newWorld(t, &memory.SubscriptionConfig{Ordering: ord, Hold: hold, Chain: 4})
+					var ids []string
+					for i := range 20 {
+						ids = append(ids, fmt.Sprintf("a%02d", i))
+					}
+					publishAll(t, w, "A", ids...)
+					var mu sync.Mutex
+					done := map[string]bool{}
+					inFlight, maxInFlight, calls := 0, 0, 0
+					cfg := &subscribe.Config{Workers: 4, Batch: &subscribe.BatchConfig{MaxSize: 5}}
+					if ord == policy.Parallel {
+						cfg.Assign = lanes.Shared // ByKey would keep the key on one lane
+					}
+					s, stop := w.startBatch(t, cfg,
+						func(ctx context.Context, ds []*keyorder.Delivery) error {
+							mu.Lock()
+							calls++
+							first := calls == 1
+							inFlight++
+							maxInFlight = max(maxInFlight, inFlight)
+							mu.Unlock()
+							time.Sleep(time.Second)
+							mu.Lock()
+							defer mu.Unlock()
+							inFlight--
+							if first && len(ds) > 1 {
+								done[ds[0].ID] = true
+								return keyorder.FailedAt(1, errors.New("no"))
+							}
+							for _, d := range ds {
+								done[d.ID] = true
+							}
+							return nil
+						})
+					defer stop()
+					time.Sleep(5 * time.Minute)
+					synctest.Wait()
+					mu.Lock()
+					defer mu.Unlock()
+					if len(done) != 20 {
+						t.Fatalf("handled %d of 20", len(done))
+					}
+					t.Logf("at most %d batches of key A in flight", maxInFlight)
+					if ord == policy.Exclusive && maxInFlight > 1 {
+						t.Fatalf("%d batches of one key in flight under Exclusive", maxInFlight)
+					}
+					if ord == policy.Parallel && hold == memory.InProcess && maxInFlight < 2 {
+						t.Fatalf("one batch of the key at a time under Parallel on shared lanes")
+					}
+					if st, _ := s.Stats(context.Background()); st.Acked != 20 {
+						t.Fatalf("acked %d, want 20", st.Acked)
+					}
+				})
+			})
+		}
+	}
 }

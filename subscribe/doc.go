@@ -52,8 +52,9 @@
 // A hot key is serial under Exclusive and Ordered. RunBatch lifts that
 // ceiling without giving up order: its handler (BatchHandlerFunc) gets up to
 // Config.Batch.MaxSize consecutive messages of one key, in order, and at
-// most one batch per key is in flight (under Parallel several batches of a
-// key may run at once). A batch that is not full is handed over
+// most one batch per key is in flight (under Parallel with lanes.Shared
+// several batches of a key may run at once; lanes.ByKey keeps a key on one
+// lane). A batch that is not full is handed over
 // Config.Batch.MaxWait after its first message arrived. Keyless messages
 // come in batches of one: a batch is always one key's run of messages,
 // which is what lets a handler apply it in one transaction.
