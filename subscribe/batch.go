@@ -92,6 +92,9 @@ func (s *Subscriber) RunBatch(ctx context.Context, h BatchHandlerFunc) error {
 		s.cfg.MaxOutstanding = n
 		s.tokens = make(chan struct{}, n)
 		s.acks = make(chan *item, n)
+	} else if s.cfg.MaxOutstanding < s.cfg.Batch.MaxSize {
+		s.cfg.Logger.Warn("keyorder: subscribe.Config.MaxOutstanding is below Batch.MaxSize; batches cannot fill and wait MaxWait",
+			"max_outstanding", s.cfg.MaxOutstanding, "max_size", s.cfg.Batch.MaxSize)
 	}
 	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
 		return s.handleBatch(ctx, h, it)
