@@ -20,6 +20,12 @@ type entry struct {
 	seq   uint64
 	acked bool
 	lease *lease
+	// first is the lease of the first delivery, allocated with the entry
+	// (most messages are delivered once). A later delivery allocates its
+	// own: a lease is never reused, so a Message of an earlier delivery
+	// can never settle a later one.
+	first     lease
+	firstUsed bool
 }
 
 type lease struct {
@@ -105,11 +111,16 @@ func (s *subscription) signal() {
 func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range ms {
-		e := &entry{msg: adapters.Message{
+	// One allocation for the batch's entries: an entry is small next to
+	// the message it carries, and the batch's array lives until its last
+	// entry is settled.
+	es := make([]entry, len(ms))
+	for i, m := range ms {
+		e := &es[i]
+		e.msg = adapters.Message{
 			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers,
 			NotBefore: m.NotBefore, PublishTime: now,
-		}}
+		}
 		s.add(e)
 	}
 	s.signal()
@@ -204,7 +215,14 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time) *adapters.Message {
 	e.attempts++
 	s.nextLease++
-	l := &lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
+	var l *lease
+	if !e.firstUsed {
+		e.firstUsed = true
+		l = &e.first
+	} else {
+		l = new(lease)
+	}
+	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
 	s.leases[l.id] = l
 	e.lease = l
 	l.msg.AckID = l
