@@ -57,6 +57,8 @@ type Subscriber struct {
 	settling sync.WaitGroup
 
 	unobserve func() // from Config.Observer.Attach; see observe.go
+
+	throttles *throttler // Config.Throttles; nil without
 }
 
 // counters count what a Subscriber did; Stats reads them.
@@ -70,6 +72,7 @@ type counters struct {
 	Panics         atomic.Int64
 	SettleRetries  atomic.Int64
 	SettleFailures atomic.Int64
+	Throttled      atomic.Int64
 }
 
 // Open opens a Subscriber for the subscription named by urlstr, through the
@@ -120,6 +123,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		s.caps.MaxBatch = 1
 	}
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	s.throttles = newThrottler(c.Throttles)
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
 	}
@@ -160,6 +164,9 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
+		// Fairness: see fairness.go.
+		Fair:       s.cfg.FairnessKey != nil,
+		FairWeight: s.cfg.FairnessWeight,
 	}, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
 		return s.handle(ctx, h, it)
 	})
