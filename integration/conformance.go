@@ -64,6 +64,12 @@ var cases = []testCase{
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
 	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
+	// Throttling and composite keys: conformance_fair.go.
+	{"ThrottledKeyHoldsOnlyItself", Spec{Ordering: policy.Ordered}, throttledKeyHoldsOnlyItself},
+	{"ThrottledMessageHoldsNothingExclusive", Spec{Ordering: policy.Exclusive}, throttledMessageHoldsNothing},
+	{"ThrottledMessageHoldsNothingParallel", Spec{Ordering: policy.Parallel}, throttledMessageHoldsNothing},
+	{"ThrottleRateRespected", Spec{Ordering: policy.Ordered}, throttleRateRespected},
+	{"CompositeKey", Spec{Ordering: policy.Ordered}, compositeKey},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported
