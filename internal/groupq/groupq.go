@@ -71,6 +71,7 @@ type keyState[T any] struct {
 	head     int
 	inflight int
 	readyIdx int                  // index in ready heap, -1 if absent
+	headSeq  uint64               // front().Seq while in a ready heap: its order there
 	in       *bheap[*keyState[T]] // the ready heap holding it, when readyIdx >= 0
 	timedAt  time.Time
 	gen      uint64
@@ -158,7 +159,7 @@ type Queue[T any] struct {
 // New returns an empty queue enforcing ordering.
 func New[T any](ordering policy.Ordering) *Queue[T] {
 	q := &Queue[T]{ordering: ordering, keys: make(map[string]*keyState[T])}
-	q.ready.less = func(a, b *keyState[T]) bool { return a.front().Seq < b.front().Seq }
+	q.ready.less = func(a, b *keyState[T]) bool { return a.headSeq < b.headSeq }
 	q.ready.moved = func(ks *keyState[T], i int) { ks.readyIdx = i }
 	q.free.less = func(a, b Item[T]) bool { return a.Seq < b.Seq }
 	q.timed.less = func(a, b timedEntry[T]) bool {
@@ -336,6 +337,7 @@ func (q *Queue[T]) settle(ks *keyState[T], now time.Time) {
 		}
 		return
 	}
+	ks.headSeq = ks.front().Seq
 	r := q.readyFor(ks)
 	if ks.readyIdx >= 0 && ks.in == r {
 		r.fix(ks.readyIdx)
@@ -380,7 +382,7 @@ func (q *Queue[T]) Pop(now time.Time) (Handle[T], bool) {
 	}
 	var h Handle[T]
 	switch {
-	case len(q.ready.s) > 0 && (len(q.free.s) == 0 || q.ready.s[0].front().Seq < q.free.s[0].Seq):
+	case len(q.ready.s) > 0 && (len(q.free.s) == 0 || q.ready.s[0].headSeq < q.free.s[0].Seq):
 		ks := q.ready.pop()
 		h.Item = ks.popFront()
 		h.ks, h.gen = ks, ks.gen
@@ -405,7 +407,7 @@ func (q *Queue[T]) popFair() (Handle[T], bool) {
 			q.unlinkFair(fs)
 			continue
 		}
-		if len(fs.ready.s) > 0 && (len(fs.free.s) == 0 || fs.ready.s[0].front().Seq < fs.free.s[0].Seq) {
+		if len(fs.ready.s) > 0 && (len(fs.free.s) == 0 || fs.ready.s[0].headSeq < fs.free.s[0].Seq) {
 			ks := fs.ready.pop()
 			h.Item = ks.popFront()
 			h.ks, h.gen = ks, ks.gen
