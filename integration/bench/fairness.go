@@ -13,7 +13,7 @@
 //
 // Both modes use the same flow control (MaxOutstanding -fair-window), so
 // the only difference is the order in which the lanes take what the
-// process has received.
+// process has received. Rounds alternate the modes; medians are reported.
 
 package main
 
@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -65,23 +66,25 @@ type fairResult struct {
 	smallP50, smallP99  time.Duration
 	smallMax            time.Duration
 	bigP50, bigP99      time.Duration
-	latRate, noopRate   float64 // msgs/s: latency run, no-op throughput run
+	latRate, noopRate   float64       // msgs/s: latency run, no-op throughput run
+	noopCPU             time.Duration // CPU (user+system) per message, no-op run
 	handled, violations int
 }
 
 func fairnessBench(ctx context.Context, o fairOptions, stdout io.Writer) error {
-	var res []fairResult
-	for _, fair := range []bool{false, true} {
-		var runs []fairResult
-		for range max(o.rounds, 1) {
+	// Rounds alternate the two modes, so a change in the machine's load
+	// hits both alike.
+	runs := make([][]fairResult, 2)
+	for range max(o.rounds, 1) {
+		for i, fair := range []bool{false, true} {
 			r, err := fairRun(ctx, o, fair)
 			if err != nil {
 				return err
 			}
-			runs = append(runs, r)
+			runs[i] = append(runs[i], r)
 		}
-		res = append(res, medianFair(runs))
 	}
+	res := []fairResult{medianFair(runs[0]), medianFair(runs[1])}
 	md := fairMarkdown(o, res)
 	fmt.Fprint(stdout, md)
 	if o.out != "" {
@@ -126,6 +129,7 @@ func medianFair(rs []fairResult) fairResult {
 	out.bigP99 = d(func(r fairResult) time.Duration { return r.bigP99 })
 	out.latRate = med(func(r fairResult) float64 { return r.latRate })
 	out.noopRate = med(func(r fairResult) float64 { return r.noopRate })
+	out.noopCPU = d(func(r fairResult) time.Duration { return r.noopCPU })
 	for _, r := range rs {
 		out.violations = max(out.violations, r.violations)
 	}
@@ -176,11 +180,11 @@ func fairRun(ctx context.Context, o fairOptions, fair bool) (fairResult, error) 
 	for n < o.tpN {
 		n += fairBigX + fairTenants - 1
 	}
-	noop, v, err := fairThroughput(ctx, o, fair, fairMix(n/(fairBigX+fairTenants-1)))
+	noop, cpu, v, err := fairThroughput(ctx, o, fair, fairMix(n/(fairBigX+fairTenants-1)))
 	if err != nil {
 		return r, err
 	}
-	r.noopRate, r.violations = noop, r.violations+v
+	r.noopRate, r.noopCPU, r.violations = noop, cpu, r.violations+v
 	return r, nil
 }
 
@@ -348,11 +352,12 @@ func fairLatency(ctx context.Context, o fairOptions, fair bool) (fairLat, error)
 }
 
 // fairThroughput publishes the mix up front, then consumes it with a no-op
-// handler and returns msgs/s.
-func fairThroughput(ctx context.Context, o fairOptions, fair bool, mix []fairMsg) (float64, int, error) {
+// handler and returns msgs/s and the process's CPU time per message while
+// consuming (steadier than msgs/s on a shared machine).
+func fairThroughput(ctx context.Context, o fairOptions, fair bool, mix []fairMsg) (float64, time.Duration, int, error) {
 	p, s, err := fairSetup(o, fair)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer p.Close(context.Background())
 	now := time.Now()
@@ -362,10 +367,11 @@ func fairThroughput(ctx context.Context, o fairOptions, fair bool, mix []fairMsg
 			ms[i] = fairMessage(m, now)
 		}
 		if _, err := p.PublishBatch(ctx, ms); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	c := &fairCheck{last: map[string]int{}}
+	cpu0 := cpuTime()
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	runErr := make(chan error, 1)
@@ -379,17 +385,27 @@ func fairThroughput(ctx context.Context, o fairOptions, fair bool, mix []fairMsg
 	deadline := time.Now().Add(5 * time.Minute)
 	for c.done.Load() < int64(len(mix)) {
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("fairness: throughput run timed out")
+			return 0, 0, 0, fmt.Errorf("fairness: throughput run timed out")
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
 	elapsed := time.Since(start)
+	cpu := (cpuTime() - cpu0) / time.Duration(len(mix))
 	stop()
 	if err := <-runErr; err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	s.Close(context.Background())
-	return float64(len(mix)) / elapsed.Seconds(), c.violations, nil
+	return float64(len(mix)) / elapsed.Seconds(), cpu, c.violations, nil
+}
+
+// cpuTime returns the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
@@ -399,14 +415,14 @@ func fairMarkdown(o fairOptions, res []fairResult) string {
 	fmt.Fprintf(&b, "### Fairness: 10 tenants, one publishing 100x each of the others (memory broker, Ordered)\n\n")
 	fmt.Fprintf(&b, "%d workers, MaxOutstanding %d, handler %v; latency run: %d messages per small tenant, %d for the big one in %d bursts, offered at 90%% of capacity; throughput run: %d messages up front, no-op handler. Median of %d run(s).\n\n",
 		o.workers, o.window, o.work, o.perSmall, o.perSmall*fairBigX, o.bursts, o.tpN, max(o.rounds, 1))
-	b.WriteString("| scheduling | small tenants p50 | p99 | max | big tenant p50 | p99 | latency run msgs/s | no-op msgs/s |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| scheduling | small tenants p50 | p99 | max | big tenant p50 | p99 | latency run msgs/s | no-op msgs/s | no-op CPU/msg |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range res {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.mode, ms(r.smallP50), ms(r.smallP99), ms(r.smallMax),
-			ms(r.bigP50), ms(r.bigP99), rate(r.latRate), rate(r.noopRate))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %.1f µs |\n", r.mode, ms(r.smallP50), ms(r.smallP99), ms(r.smallMax),
+			ms(r.bigP50), ms(r.bigP99), rate(r.latRate), rate(r.noopRate), float64(r.noopCPU)/float64(time.Microsecond))
 	}
-	if len(res) == 2 && res[0].noopRate > 0 {
-		fmt.Fprintf(&b, "\nFair scheduling: small tenants' p99 %s -> %s; no-op throughput %.2fx, latency-run throughput %.2fx of arrival order.\n",
-			ms(res[0].smallP99), ms(res[1].smallP99), res[1].noopRate/res[0].noopRate, res[1].latRate/res[0].latRate)
+	if len(res) == 2 && res[0].noopRate > 0 && res[0].noopCPU > 0 {
+		fmt.Fprintf(&b, "\nFair scheduling: small tenants' p99 %s -> %s; no-op throughput %.2fx and CPU per message %.2fx, latency-run throughput %.2fx of arrival order.\n",
+			ms(res[0].smallP99), ms(res[1].smallP99), res[1].noopRate/res[0].noopRate, float64(res[1].noopCPU)/float64(res[0].noopCPU), res[1].latRate/res[0].latRate)
 	}
 	return b.String()
 }
