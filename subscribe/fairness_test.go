@@ -82,3 +82,54 @@ func TestThrottleConfig(t *testing.T) {
 		drv.Close()
 	}
 }
+
+// With FairnessKey, a tenant with a backlog in process does not hold back
+// another tenant's message: it runs next, not last. Without, arrival order.
+func TestFairnessKeyServesTenantsInTurn(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "arrival", true: "fair"}[fair], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
+				for i := range 8 {
+					id := "big" + string(rune('0'+i))
+					if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: id, Payload: []byte(id),
+						Headers: map[string]string{keyorder.HeaderFairnessKey: "big"}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "small", Key: "s", Payload: []byte("small"),
+					Headers: map[string]string{keyorder.HeaderFairnessKey: "small"}}); err != nil {
+					t.Fatal(err)
+				}
+				var mu sync.Mutex
+				var got []string
+				gate := make(chan struct{})
+				cfg := &subscribe.Config{Workers: 1, MaxOutstanding: 100}
+				if fair {
+					cfg.FairnessKey = subscribe.FairnessKeyHeader
+				}
+				_, stop := w.start(t, nil, cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					got = append(got, d.ID)
+					first := len(got) == 1
+					mu.Unlock()
+					if first {
+						<-gate // until everything is in the lane
+					}
+					return nil
+				})
+				defer stop()
+				synctest.Wait()
+				close(gate)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				i := slices.Index(got, "small")
+				if len(got) != 9 || fair && i > 2 || !fair && i != 8 { // fair: within one round of the big tenant
+					t.Fatalf("handled %v: small at %d", got, i)
+				}
+			})
+		})
+	}
+}
