@@ -36,8 +36,11 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/keyorder/keyorder"
+
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -53,6 +56,8 @@ type fairOptions struct {
 	tpN      int // messages of the throughput run
 	rounds   int
 	out      string
+	backend  string    // memory or postgres
+	factory  koFactory // set from backend
 }
 
 const (
@@ -72,6 +77,12 @@ type fairResult struct {
 }
 
 func fairnessBench(ctx context.Context, o fairOptions, stdout io.Writer) error {
+	f, cleanup, err := fairFactory(ctx, o.backend)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	o.factory = f
 	// Rounds alternate the two modes, so a change in the machine's load
 	// hits both alike.
 	runs := make([][]fairResult, 2)
@@ -91,10 +102,14 @@ func fairnessBench(ctx context.Context, o fairOptions, stdout io.Writer) error {
 		if err := os.MkdirAll(o.out, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(o.out, "fairness.md"), []byte(md), 0o644); err != nil {
+		name := "fairness"
+		if o.backend != "memory" {
+			name += "-" + o.backend
+		}
+		if err := os.WriteFile(filepath.Join(o.out, name+".md"), []byte(md), 0o644); err != nil {
 			return err
 		}
-		if err := fairChart(o, res, filepath.Join(o.out, "fairness.png")); err != nil {
+		if err := fairChart(o, res, filepath.Join(o.out, name+".png")); err != nil {
 			return err
 		}
 	}
@@ -194,26 +209,99 @@ type fairLat struct {
 	violations int
 }
 
-// fairSetup opens a fresh subscription and its publisher on a new broker.
-func fairSetup(o fairOptions, fair bool) (*publish.Publisher, *subscribe.Subscriber, error) {
-	b := memory.NewBroker()
-	if err := b.CreateSubscription("f", "f", &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
-		return nil, nil, err
-	}
-	p, err := b.OpenTopic("f", &publish.Config{MaxBatch: 1000, KeyFunc: keyorder.CompositeKey(keyorder.FairnessKeyPart(), keyorder.HeaderPart("account"))})
+// fairSetup opens a fresh topic and Ordered subscription on the
+// benchmark's backend, a publisher and a subscriber.
+func fairSetup(ctx context.Context, o fairOptions, fair bool) (*publish.Publisher, *subscribe.Subscriber, error) {
+	fairSeq++
+	d, err := o.factory(ctx, fmt.Sprintf("fair%d_%d", time.Now().UnixNano()%1e9, fairSeq))
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := &subscribe.Config{Workers: o.workers, MaxOutstanding: o.window}
+	p, err := d.openPub(ctx, &publish.Config{MaxBatch: 1000, Logger: quiet(),
+		KeyFunc: keyorder.CompositeKey(keyorder.FairnessKeyPart(), keyorder.HeaderPart("account"))})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := &subscribe.Config{Workers: o.workers, MaxOutstanding: o.window, Logger: quiet()}
 	if fair {
 		cfg.FairnessKey = subscribe.FairnessKeyHeader
 	}
-	s, err := b.OpenSubscription("f", cfg)
+	s, err := d.openSub(ctx, cfg)
 	if err != nil {
 		p.Close(context.Background())
 		return nil, nil, err
 	}
 	return p, s, nil
+}
+
+var fairSeq int
+
+// fairFactory returns the topic-and-subscription factory of -fair-backend
+// (memory, or postgres under testenv) and its cleanup.
+func fairFactory(ctx context.Context, name string) (koFactory, func(), error) {
+	switch name {
+	case "memory":
+		b := memory.NewBroker()
+		return func(_ context.Context, id string) (*koDriver, error) {
+			if err := b.CreateSubscription(id, id, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
+				return nil, err
+			}
+			return &koDriver{
+				openPub: func(_ context.Context, cfg *publish.Config) (*publish.Publisher, error) { return b.OpenTopic(id, cfg) },
+				openSub: func(_ context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+					return b.OpenSubscription(id, cfg)
+				},
+				cleanup: func() {},
+			}, nil
+		}, func() {}, nil
+	case "postgres":
+		url, err := env("KEYORDER_PG_URL", "postgres")
+		if err != nil {
+			return nil, nil, err
+		}
+		pool, err := pgxpool.New(ctx, withPoolSize(url, 20))
+		if err != nil {
+			return nil, nil, err
+		}
+		schema := fmt.Sprintf("kofair_%d", time.Now().UnixNano()%1e9)
+		cleanup := func() {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+			pool.Close()
+		}
+		if _, err := postgres.Migrate(ctx, pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: schema}); err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		opts := &postgres.Options{Schema: schema, Create: true, MaxBatch: pgBatch, Logger: quiet(),
+			Subscription: &postgres.SubscriptionOptions{Ordering: policy.Ordered}}
+		admin, err := postgres.NewAdmin(pool, opts)
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		return func(ctx context.Context, id string) (*koDriver, error) {
+			t, err := postgres.OpenTopic(ctx, pool, id, opts, nil)
+			if err != nil {
+				return nil, err
+			}
+			if err := t.Close(ctx); err != nil {
+				return nil, err
+			}
+			if err := admin.CreateSubscription(ctx, id, "fair", opts.Subscription); err != nil {
+				return nil, err
+			}
+			return &koDriver{
+				openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+					return postgres.OpenTopic(ctx, pool, id, opts, cfg)
+				},
+				openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+					return postgres.OpenSubscription(ctx, pool, id, "fair", opts, cfg)
+				},
+				cleanup: func() {},
+			}, nil
+		}, cleanup, nil
+	}
+	return nil, nil, fmt.Errorf("-fair-backend %q: want memory or postgres", name)
 }
 
 func fairMessage(m fairMsg, at time.Time) *keyorder.Message {
@@ -265,7 +353,7 @@ func pct(ds []time.Duration) [3]time.Duration {
 
 func fairLatency(ctx context.Context, o fairOptions, fair bool) (fairLat, error) {
 	var out fairLat
-	p, s, err := fairSetup(o, fair)
+	p, s, err := fairSetup(ctx, o, fair)
 	if err != nil {
 		return out, err
 	}
@@ -355,7 +443,7 @@ func fairLatency(ctx context.Context, o fairOptions, fair bool) (fairLat, error)
 // handler and returns msgs/s and the process's CPU time per message while
 // consuming (steadier than msgs/s on a shared machine).
 func fairThroughput(ctx context.Context, o fairOptions, fair bool, mix []fairMsg) (float64, time.Duration, int, error) {
-	p, s, err := fairSetup(o, fair)
+	p, s, err := fairSetup(ctx, o, fair)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -412,7 +500,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 
 func fairMarkdown(o fairOptions, res []fairResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "### Fairness: 10 tenants, one publishing 100x each of the others (memory broker, Ordered)\n\n")
+	fmt.Fprintf(&b, "### Fairness: 10 tenants, one publishing 100x each of the others (%s, Ordered)\n\n", o.backend)
 	fmt.Fprintf(&b, "%d workers, MaxOutstanding %d, handler %v; latency run: %d messages per small tenant, %d for the big one in %d bursts, offered at 90%% of capacity; throughput run: %d messages up front, no-op handler. Median of %d run(s).\n\n",
 		o.workers, o.window, o.work, o.perSmall, o.perSmall*fairBigX, o.bursts, o.tpN, max(o.rounds, 1))
 	b.WriteString("| scheduling | small tenants p50 | p99 | max | big tenant p50 | p99 | latency run msgs/s | no-op msgs/s | no-op CPU/msg |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -429,7 +517,7 @@ func fairMarkdown(o fairOptions, res []fairResult) string {
 
 func fairChart(o fairOptions, res []fairResult, path string) error {
 	p := plot.New()
-	p.Title.Text = "Fairness: small tenants' latency behind a tenant publishing 100x"
+	p.Title.Text = fmt.Sprintf("Fairness (%s): small tenants' latency behind a tenant publishing 100x", o.backend)
 	p.Y.Label.Text = "publish -> handler (ms)"
 	labels := []string{"small p50", "small p99", "small max", "big p50", "big p99"}
 	w := vg.Points(18)
