@@ -24,6 +24,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +58,7 @@ type fairOptions struct {
 	rounds   int
 	out      string
 	backend  string    // memory or postgres
+	only     string    // "arrival" or "fair": run one mode only (profiling)
 	factory  koFactory // set from backend
 }
 
@@ -77,18 +79,24 @@ type fairResult struct {
 }
 
 func fairnessBench(ctx context.Context, o fairOptions, stdout io.Writer) error {
-	f, cleanup, err := fairFactory(ctx, o.backend)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	o.factory = f
 	// Rounds alternate the two modes, so a change in the machine's load
 	// hits both alike.
 	runs := make([][]fairResult, 2)
 	for range max(o.rounds, 1) {
 		for i, fair := range []bool{false, true} {
+			if o.only != "" && o.only != map[bool]string{false: "arrival", true: "fair"}[fair] {
+				runs[i] = append(runs[i], fairResult{mode: "skipped"})
+				continue
+			}
+			// A fresh backend per run (on PostgreSQL a fresh schema): the
+			// rows earlier runs left behind must not slow the later mode.
+			f, cleanup, err := fairFactory(ctx, o.backend)
+			if err != nil {
+				return err
+			}
+			o.factory = f
 			r, err := fairRun(ctx, o, fair)
+			cleanup()
 			if err != nil {
 				return err
 			}
@@ -553,8 +561,19 @@ func fairChart(o fairOptions, res []fairResult, path string) error {
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
 
-// fairnessMain runs -backend fairness.
+// fairnessMain runs -backend fairness. With $KEYORDER_BENCH_CPUPROFILE it
+// writes a CPU profile of the whole run there.
 func fairnessMain(ctx context.Context, o fairOptions) {
+	if path := os.Getenv("KEYORDER_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := fairnessBench(ctx, o, os.Stdout); err != nil {
 		log.Fatalf("bench: fairness: %v", err)
 	}

@@ -117,6 +117,7 @@ func main() {
 	flag.IntVar(&fo.workers, "fair-workers", 8, "fairness: subscribe Workers")
 	flag.IntVar(&fo.tpN, "fair-n", 100000, "fairness: messages of the no-op throughput run")
 	flag.StringVar(&fo.backend, "fair-backend", "memory", "fairness: memory, or postgres (under testenv)")
+	flag.StringVar(&fo.only, "fair-only", "", "fairness: run only \"arrival\" or \"fair\" (to profile one)")
 	flag.Parse()
 	ctx := context.Background()
 	if which == "fairness" {
