@@ -71,6 +71,12 @@ var cases = []testCase{
 	{"BatchDeadLetter", Spec{Ordering: policy.Ordered}, batchDeadLetter},
 	{"BatchShutdownLosesNothing", Spec{Ordering: policy.Ordered}, batchShutdown},
 	{"BatchPropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, batchProperty},
+	// Throttling and composite keys: conformance_fair.go.
+	{"ThrottledKeyHoldsOnlyItself", Spec{Ordering: policy.Ordered}, throttledKeyHoldsOnlyItself},
+	{"ThrottledMessageHoldsNothingExclusive", Spec{Ordering: policy.Exclusive}, throttledMessageHoldsNothing},
+	{"ThrottledMessageHoldsNothingParallel", Spec{Ordering: policy.Parallel}, throttledMessageHoldsNothing},
+	{"ThrottleRateRespected", Spec{Ordering: policy.Ordered}, throttleRateRespected},
+	{"CompositeKey", Spec{Ordering: policy.Ordered}, compositeKey},
 }
 
 // Run runs the conformance suite against h. Every case runs or is reported

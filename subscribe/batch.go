@@ -164,7 +164,7 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 		b.s.giveBack([]*item{it})
 		return errBatcherStopped
 	}
-	key := it.m.Key
+	key := it.key
 	if key == "" || it.m.NotBefore.After(time.Now()) {
 		if o := b.open[key]; o != nil && key != "" {
 			delete(b.open, key)
@@ -202,7 +202,7 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 // submit hands a batch to the lanes. Called with b.mu held. On failure (the
 // subscriber is stopping) the batch is given back and the batcher stops.
 func (b *batcher) submit(ctx context.Context, o *item) error {
-	if err := b.pool.Submit(ctx, o.m.Key, o.m.Key != "", o.m.NotBefore, o); err != nil {
+	if err := b.pool.SubmitFair(ctx, o.fair, o.key, o.key != "", o.m.NotBefore, o); err != nil {
 		b.stopped = true
 		b.s.giveBack(unbatch([]*item{o}))
 		return err
@@ -346,6 +346,11 @@ func (s *Subscriber) cut(its []*item) {
 func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, run []*item) lanes.Result {
 	if len(run) == 0 {
 		return lanes.Done()
+	}
+	if r, wait := s.throttleN(run[0], len(run)); wait {
+		// Waits like a retry, the batch intact, counting no attempt.
+		c.batch = run
+		return r
 	}
 	hctx, cancel := context.WithCancel(ctx)
 	for _, it := range run {

@@ -375,3 +375,44 @@ func TestBatchExclusiveAndParallel(t *testing.T) {
 		}
 	}
 }
+
+// Throttles under RunBatch: a batch draws a token per message (up to the
+// bucket's Burst) from the buckets of its first message, and a batch that
+// waits for tokens waits whole, counting no attempt, on both shapes.
+func TestBatchThrottled(t *testing.T) {
+	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
+		t.Run(holdName(hold), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 3})
+				publishAll(t, w, "A", "a1", "a2", "a3", "a4", "a5", "a6")
+				var rec batchRec
+				var at []time.Duration
+				start := time.Now()
+				s, stop := w.startBatch(t, &subscribe.Config{
+					Batch:     &subscribe.BatchConfig{MaxSize: 3, MaxWait: time.Millisecond},
+					Throttles: []subscribe.Throttle{{By: subscribe.OrderingKey, Rate: 1, Burst: 3}},
+				}, func(ctx context.Context, ds []*keyorder.Delivery) error {
+					rec.add(ds)
+					at = append(at, time.Since(start).Round(time.Second))
+					return nil
+				})
+				defer stop()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				want := [][]string{{"a1@1", "a2@1", "a3@1"}, {"a4@1", "a5@1", "a6@1"}}
+				if got := rec.get(); !slices.EqualFunc(got, want, slices.Equal) {
+					t.Fatalf("batches %v, want %v", got, want)
+				}
+				// The first batch empties the bucket of 3; the second
+				// waits 3 s for 3 tokens at 1 a second.
+				if len(at) != 2 || at[0] != 0 || at[1] != 3*time.Second {
+					t.Fatalf("batches ran at %v, want [0s 3s]", at)
+				}
+				st, _ := s.Stats(context.Background())
+				if st.Throttled == 0 || st.Retried != 0 || st.Acked != 6 {
+					t.Fatalf("stats %+v: want throttled > 0, no retries, 6 acked", st)
+				}
+			})
+		})
+	}
+}

@@ -26,6 +26,25 @@
 // in process before anything behind it; the broker is never asked to
 // redeliver it.
 //
+// # Keys, fairness and throttling
+//
+// Config.LaneKey refines the broker's groups in process (never merges
+// them: the broker, not this process, orders across its groups).
+// Config.FairnessKey names a message's tenant (FairnessKeyHeader reads the
+// portable keyorder.HeaderFairnessKey header); with it the lanes serve
+// tenants round robin among the messages this process holds, group order
+// first (see package lanes). Fairness cannot reach messages the broker has
+// not handed over yet: flow control (MaxOutstanding, the lanes' capacity)
+// bounds what it can reorder, so a tenant's backlog larger than that window
+// still delays the others in the broker's own order.
+//
+// Config.Throttles are token buckets checked just before each handler call.
+// A message whose bucket is empty waits in its lane as a retried message
+// does (its group held under Ordered, nothing held under Parallel and
+// Exclusive, its flow-control token given back, its lease kept alive), but
+// its wait is not an attempt and, on brokers that hold groups natively, it
+// is not handed back: it stays in process until its bucket has a token.
+//
 // # Delivery semantics
 //
 // The handler's result decides: nil acknowledges; an error retries with

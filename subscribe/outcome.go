@@ -48,6 +48,9 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 		return lanes.Done()
 	}
+	if r, wait := s.throttle(it); wait {
+		return r
+	}
 	hctx, cancel := context.WithCancel(ctx)
 	it.mu.Lock()
 	it.cancel = cancel

@@ -63,6 +63,8 @@ type Subscriber struct {
 	// RunBatch keeps it.
 	batcher          *batcher
 	outstandingAsked bool
+
+	throttles *throttler // Config.Throttles; nil without
 }
 
 // counters count what a Subscriber did; Stats reads them.
@@ -76,6 +78,7 @@ type counters struct {
 	Panics         atomic.Int64
 	SettleRetries  atomic.Int64
 	SettleFailures atomic.Int64
+	Throttled      atomic.Int64
 }
 
 // Open opens a Subscriber for the subscription named by urlstr, through the
@@ -127,6 +130,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		s.caps.MaxBatch = 1
 	}
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	s.throttles = newThrottler(c.Throttles)
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
 	}
@@ -184,6 +188,9 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
+		// Fairness: see fairness.go.
+		Fair:       s.cfg.FairnessKey != nil,
+		FairWeight: s.cfg.FairnessWeight,
 	}, handler)
 	if err != nil {
 		return err

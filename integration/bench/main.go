@@ -93,7 +93,7 @@ func main() {
 		only  string
 		c     config
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite, or pgbatch for ordered batches on a hot PostgreSQL key")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -109,12 +109,27 @@ func main() {
 	flag.IntVar(&c.recvBatch, "recv", 1000, "pgsuite: keyorder messages per Receive")
 	flag.DurationVar(&c.retention, "retention", 60*time.Second, "pgsuite: duration of the retention run (0: skip)")
 	flag.IntVar(&c.backlogBig, "backlog", 200000, "pgsuite: large backlog for the flatness test (0: skip)")
+	// The fairness benchmark's own settings (fairness.go).
+	fo := fairOptions{}
+	flag.IntVar(&fo.perSmall, "fair-small", 200, "fairness: messages per small tenant (the big one publishes 100x)")
+	flag.IntVar(&fo.bursts, "fair-bursts", 20, "fairness: bursts of the big tenant")
+	flag.DurationVar(&fo.work, "fair-work", 2*time.Millisecond, "fairness: handler time in the latency run")
+	flag.IntVar(&fo.window, "fair-window", 4096, "fairness: subscribe MaxOutstanding")
+	flag.IntVar(&fo.workers, "fair-workers", 8, "fairness: subscribe Workers")
+	flag.IntVar(&fo.tpN, "fair-n", 100000, "fairness: messages of the no-op throughput run")
+	flag.StringVar(&fo.backend, "fair-backend", "memory", "fairness: memory, or postgres (under testenv)")
+	flag.StringVar(&fo.only, "fair-only", "", "fairness: run only \"arrival\" or \"fair\" (to profile one)")
 	flag.Parse()
 	ctx := context.Background()
 	if which == "pgbatch" {
 		if err := pgBatchBench(ctx, o); err != nil {
 			log.Fatalf("bench: pgbatch: %v", err)
 		}
+		return
+	}
+	if which == "fairness" {
+		fo.rounds, fo.out = max(o.rounds, 1), o.out
+		fairnessMain(ctx, fo)
 		return
 	}
 	if which == "pgsuite" {
