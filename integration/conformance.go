@@ -64,6 +64,20 @@ var cases = []testCase{
 	{"PropertyExclusiveUnderFailures", Spec{Ordering: policy.Exclusive}, propertyExclusive},
 	{"ShutdownMidStreamLosesNothing", Spec{Ordering: policy.Ordered}, shutdownMidStream},
 	{"ShutdownWhileGroupHeldLosesNothing", Spec{Ordering: policy.Ordered}, shutdownWhileHeld},
+	// Ordered batches (conformance_batch.go).
+	{"BatchFailsAtIndex", Spec{Ordering: policy.Ordered}, batchFailsAtIndex},
+	{"BatchMaxWait", Spec{Ordering: policy.Ordered}, batchMaxWait},
+	{"BatchRetryAfter", Spec{Ordering: policy.Ordered}, batchRetryAfter},
+	{"BatchDeadLetter", Spec{Ordering: policy.Ordered}, batchDeadLetter},
+	{"BatchShutdownLosesNothing", Spec{Ordering: policy.Ordered}, batchShutdown},
+	{"BatchPropertyOrderedUnderFailures", Spec{Ordering: policy.Ordered}, batchProperty},
+	// Throttling and composite keys: conformance_fair.go.
+	{"ThrottledKeyHoldsOnlyItself", Spec{Ordering: policy.Ordered}, throttledKeyHoldsOnlyItself},
+	{"ThrottledMessageHoldsNothingExclusive", Spec{Ordering: policy.Exclusive}, throttledMessageHoldsNothing},
+	{"ThrottledMessageHoldsNothingParallel", Spec{Ordering: policy.Parallel}, throttledMessageHoldsNothing},
+	{"ThrottleRateRespected", Spec{Ordering: policy.Ordered}, throttleRateRespected},
+	{"CompositeKey", Spec{Ordering: policy.Ordered}, compositeKey},
+	// Compaction (PostgreSQL): compaction.go.
 	{"CompactionDeliversNewest", Spec{Ordering: policy.Exclusive, Compaction: true}, compactionDeliversNewest},
 }
 

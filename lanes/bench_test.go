@@ -106,3 +106,48 @@ func BenchmarkLanesShared(b *testing.B) {
 func BenchmarkLanesSharedOrdered(b *testing.B) {
 	benchLanes(b, &Config{Workers: benchWorkers, Assign: Shared, Ordering: policy.Ordered})
 }
+
+// benchFairKeys are ten tenants, one with 100 times the items of each other.
+var benchFairKeys = func() []string {
+	var ks []string
+	for range 100 {
+		ks = append(ks, "t0")
+	}
+	for t := 1; t < 10; t++ {
+		ks = append(ks, fmt.Sprint("t", t))
+	}
+	return ks
+}()
+
+func benchLanesFair(b *testing.B, cfg *Config) {
+	p, err := New(cfg, noop)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := p.SubmitFair(ctx, benchFairKeys[i%len(benchFairKeys)], benchKeyNames[i%benchKeys], true, time.Time{}, i); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for p.Stats() != (Stats{}) {
+		time.Sleep(20 * time.Microsecond)
+	}
+	b.StopTimer()
+	reportRate(b)
+	if _, err := p.Close(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkLanesByKeyOrderedTenants is BenchmarkLanesByKeyOrdered with
+// fairness keys submitted but Fair off: the baseline of the next one.
+func BenchmarkLanesByKeyOrderedTenants(b *testing.B) {
+	benchLanesFair(b, &Config{Workers: benchWorkers, Assign: ByKey, Ordering: policy.Ordered})
+}
+
+func BenchmarkLanesByKeyOrderedFair(b *testing.B) {
+	benchLanesFair(b, &Config{Workers: benchWorkers, Assign: ByKey, Ordering: policy.Ordered, Fair: true})
+}

@@ -30,6 +30,23 @@
 // itself: its lane goes on serving other keys meanwhile. Items without a key
 // belong to no group and run whenever a worker is free.
 //
+// # Fairness
+//
+// With Config.Fair a lane chooses among fairness keys (the fairKey given to
+// SubmitFair, a tenant for example) round robin, optionally weighted by
+// Config.FairWeight, instead of taking the oldest deliverable item: a
+// fairness key with a thousand items waiting gets one turn, like a key with
+// one. Ordering still wins: a key's items run in the key's order whatever
+// their fairness keys (a key whose head belongs to one fairness key and
+// its next item to another is served in order), and a pool whose items all
+// share one key runs them in arrival order.
+//
+// Fairness reorders only what a lane holds: at most Config.Capacity waiting
+// items per lane, and, under a subscriber, what flow control let the
+// process receive. Items not yet submitted are not seen, so it cannot make
+// a producer's backlog fair; with ByKey assignment each lane is fair on its
+// own.
+//
 // # Bounded memory
 //
 // A lane holds at most Config.Capacity waiting items; Submit blocks while its
@@ -130,6 +147,14 @@ type Config struct {
 	// those in flight; Submit blocks while the lane is full. Defaults to
 	// CapacityDefault; must not be negative.
 	Capacity int
+	// Fair makes each lane serve fairness keys (see SubmitFair) round
+	// robin instead of by arrival alone; see the package documentation.
+	// Defaults to false: the oldest deliverable item goes first.
+	Fair bool
+	// FairWeight, with Fair, gives a fairness key's weight: how many items
+	// it is served in a row in its turn (below 1 counts as 1). Nil gives
+	// every fairness key weight 1.
+	FairWeight func(fairKey string) int
 }
 
 // WithDefaults returns a copy of c (which may be nil) with zero fields set
@@ -139,10 +164,12 @@ func (c *Config) WithDefaults() *Config {
 		c = &Config{}
 	}
 	return &Config{
-		Workers:  cmp.Or(c.Workers, runtime.GOMAXPROCS(0)),
-		Assign:   c.Assign,
-		Ordering: c.Ordering,
-		Capacity: cmp.Or(c.Capacity, CapacityDefault),
+		Workers:    cmp.Or(c.Workers, runtime.GOMAXPROCS(0)),
+		Assign:     c.Assign,
+		Ordering:   c.Ordering,
+		Capacity:   cmp.Or(c.Capacity, CapacityDefault),
+		Fair:       c.Fair,
+		FairWeight: c.FairWeight,
 	}
 }
 
@@ -212,6 +239,7 @@ type lane[T any] struct {
 	q      *groupq.Queue[T]
 	staged fifo[T]
 	single bool // one worker (ByKey, or Shared with one worker)
+	fair   bool // q serves fairness keys round robin; staged is moved in whole
 	direct int  // single: items of the worker's batch running (0 or 1)
 	// held counts the items of the worker's batch not yet started (single
 	// lanes). The worker lowers it as it starts each one, without the lock.
@@ -258,6 +286,9 @@ func New[T any](cfg *Config, h Handler[T]) (*Pool[T], error) {
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for i := range p.lanes {
 		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, space: make(chan struct{}, 1)}
+		if c.Fair {
+			l.q, l.fair = groupq.NewFair[T](c.Ordering, c.FairWeight), true
+		}
 		l.ready.L = &l.mu
 		p.lanes[i] = l
 	}
@@ -297,6 +328,13 @@ func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
 // A handler may call Submit, but if it blocks on a full lane whose workers
 // are all inside such calls, nothing frees space: give it a ctx that ends.
 func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore time.Time, v T) error {
+	return p.SubmitFair(ctx, "", key, keyed, notBefore, v)
+}
+
+// SubmitFair is Submit with a fairness key: in a pool with Config.Fair,
+// each lane serves fairness keys round robin (see the package
+// documentation). Without Config.Fair the fairness key is ignored.
+func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed bool, notBefore time.Time, v T) error {
 	if !keyed {
 		key = ""
 	}
@@ -315,7 +353,7 @@ func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore 
 		l.mu.Unlock()
 		return keyorder.ErrClosed
 	}
-	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v})
+	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v, Fair: fairKey})
 	if l.idle > 0 {
 		// The woken worker takes the item, or files it in q (which then
 		// knows when a delayed item is due) before it waits again.
@@ -365,6 +403,19 @@ func (l *lane[T]) take() (h groupq.Handle[T], ok, timed bool) {
 	var now time.Time
 	if _, ok := l.q.NextWake(); ok {
 		now = time.Now()
+	}
+	if l.fair {
+		// Fairness chooses among everything waiting, so nothing stays
+		// staged.
+		for l.staged.len() > 0 {
+			it := l.staged.pop()
+			if !it.At.IsZero() && now.IsZero() {
+				now = time.Now()
+			}
+			l.q.Push(it)
+		}
+		h, ok = l.q.Pop(now)
+		return h, ok, ok && !now.IsZero()
 	}
 	for {
 		if l.q.Len() > 0 {
@@ -505,7 +556,9 @@ func (p *Pool[T]) workSingle(l *lane[T]) {
 	batch := make([]groupq.Item[T], 0, batchMax)
 	l.mu.Lock()
 	for !l.closed {
-		if l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
+		// A fair lane never takes the fast path: it would serve staged
+		// items by arrival.
+		if l.fair || l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
 			h, ok := l.next()
 			if !ok {
 				break

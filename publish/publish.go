@@ -10,7 +10,13 @@
 // # Ordering
 //
 // Key resolution, first that is set wins: Message.Key, then the
-// partition-key header, then Config.Key. The key travels as the broker's
+// partition-key header, then the key defined at the mount site: Config.KeyFunc
+// (a composite key such as (tenant, account); see keyorder.CompositeKey) or
+// the fixed Config.Key. A KeyFunc that reports a missing part follows
+// Config.MissingKey: Reject fails the publish with a *keyorder.MissingKeyError
+// naming the part (matching keyorder.ErrMissingKey); Unordered sends the
+// message without a key. A key definition is fixed for a subscription's
+// life: see keyorder.KeyFunc. The key travels as the broker's
 // ordering construct, never as a header. Concurrent publishes of one key are
 // queued and sent in the order they were accepted, in batches of up to
 // Config.MaxBatch, one batch at a time; keyless messages are sent
@@ -78,6 +84,11 @@ type Config struct {
 	// Key is the ordering key fixed at the mount site: used when neither
 	// Message.Key nor the partition-key header is set.
 	Key string
+	// KeyFunc derives the key of a message that has neither Message.Key nor
+	// the partition-key header: a composite key over headers, the fairness
+	// key or the payload (see keyorder.CompositeKey). Nil means none; it
+	// may not be set together with Key.
+	KeyFunc keyorder.KeyFunc
 	// MissingKey is what happens to a message with no key. Defaults to
 	// policy.Reject.
 	MissingKey policy.MissingKey
@@ -141,6 +152,9 @@ func (c *Config) WithDefaults() *Config {
 }
 
 func (c *Config) validate() error {
+	if c.KeyFunc != nil && c.Key != "" {
+		return fmt.Errorf("%w: publish.Config.Key and publish.Config.KeyFunc are both set; choose one key definition", keyorder.ErrInvalidConfig)
+	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("%w: publish.Config.MaxBatch must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxBatch)
 	}
@@ -360,7 +374,21 @@ func endAll(rs []*request, err error) error {
 // prepare resolves the key, validates and converts m, exactly as every
 // other publishing path does (adapters.Prepare).
 func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
-	return adapters.Prepare(m, p.cfg.Key, p.cfg.MissingKey == policy.Reject, p.limits)
+	key := p.cfg.Key
+	if p.cfg.KeyFunc != nil && m != nil && m.Key == "" && m.Headers[keyorder.HeaderPartitionKey] == "" {
+		k, err := p.cfg.KeyFunc(m)
+		switch {
+		case err == nil:
+			key = k
+		case errors.Is(err, keyorder.ErrMissingKey) && p.cfg.MissingKey != policy.Reject:
+			key = ""
+		case errors.Is(err, keyorder.ErrMissingKey):
+			return nil, err
+		default:
+			return nil, fmt.Errorf("%w: publish.Config.KeyFunc: %w", keyorder.ErrInvalidMessage, err)
+		}
+	}
+	return adapters.Prepare(m, key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
 // pausedLocked returns the error of the first paused key among rs; p.mu is

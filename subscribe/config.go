@@ -65,8 +65,37 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer sees each handler attempt and its outcome, for tracing and
 	// metrics (see module github.com/keyorder/keyorder/otelkeyorder). Nil
-	// means none, and costs one nil check per attempt.
+	// means none, and costs one nil check per attempt. Under RunBatch it
+	// sees each message of a batch as an attempt of its own.
 	Observer Observer
+	// Batch configures the batches RunBatch hands its handler; Run ignores
+	// it. Nil means the defaults of BatchConfig.
+	Batch *BatchConfig
+
+	// LaneKey refines the broker's ordering groups in process: a keyed
+	// message's lane group is keyorder.JoinKey(its key, LaneKey's value),
+	// so two messages share a lane group only if they share the broker's
+	// group. It can only refine, never merge, because the broker orders
+	// and holds by its own key: messages of two broker groups may go to
+	// two processes, where no lane could order them. A refinement lets a
+	// broker group (a tenant, say) run its sub-groups (accounts)
+	// concurrently on a broker that streams a key's messages (Pub/Sub,
+	// Pulsar); on brokers that hold a group natively it adds little. A
+	// missing part keeps the broker's key. Fixed for a subscription's life
+	// (see keyorder.KeyFunc). Nil means the broker's key.
+	LaneKey keyorder.KeyFunc
+	// FairnessKey returns a message's fairness key (FairnessKeyHeader reads
+	// the portable header). With it, the lanes choose among fairness keys
+	// round robin instead of by arrival alone (see lanes.Config.Fair and
+	// the package documentation for what that can and cannot make fair).
+	// Nil means no fair scheduling.
+	FairnessKey MessageFunc
+	// FairnessWeight, with FairnessKey, gives a fairness key's weight: the
+	// messages it is served in a row in its turn. Nil means 1 for all.
+	FairnessWeight func(fairKey string) int
+	// Throttles are rate limits checked before each handler call; see
+	// Throttle. Nil means none.
+	Throttles []Throttle
 }
 
 // WithDefaults returns a copy of c with defaults applied.
@@ -91,6 +120,7 @@ func (c *Config) WithDefaults() *Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	out.Batch = out.Batch.WithDefaults()
 	return out
 }
 
@@ -103,8 +133,14 @@ func (c *Config) validate() error {
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: subscribe.Config.ShutdownTimeout must not be negative", keyorder.ErrInvalidConfig)
 	}
+	if err := c.Batch.validate(); err != nil {
+		return err
+	}
 	if err := c.Retry.Validate(); err != nil {
 		return fmt.Errorf("%w: subscribe.Config.Retry: %v", keyorder.ErrInvalidConfig, err)
+	}
+	if err := validateThrottles(c.Throttles); err != nil {
+		return err
 	}
 	return nil
 }

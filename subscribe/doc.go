@@ -26,6 +26,25 @@
 // in process before anything behind it; the broker is never asked to
 // redeliver it.
 //
+// # Keys, fairness and throttling
+//
+// Config.LaneKey refines the broker's groups in process (never merges
+// them: the broker, not this process, orders across its groups).
+// Config.FairnessKey names a message's tenant (FairnessKeyHeader reads the
+// portable keyorder.HeaderFairnessKey header); with it the lanes serve
+// tenants round robin among the messages this process holds, group order
+// first (see package lanes). Fairness cannot reach messages the broker has
+// not handed over yet: flow control (MaxOutstanding, the lanes' capacity)
+// bounds what it can reorder, so a tenant's backlog larger than that window
+// still delays the others in the broker's own order.
+//
+// Config.Throttles are token buckets checked just before each handler call.
+// A message whose bucket is empty waits in its lane as a retried message
+// does (its group held under Ordered, nothing held under Parallel and
+// Exclusive, its flow-control token given back, its lease kept alive), but
+// its wait is not an attempt and, on brokers that hold groups natively, it
+// is not handed back: it stays in process until its bucket has a token.
+//
 // # Delivery semantics
 //
 // The handler's result decides: nil acknowledges; an error retries with
@@ -46,6 +65,45 @@
 // subscription's max delivery attempts bounds the deliveries; see the
 // pubsub package). Where the broker holds groups (PostgreSQL, SQS) every
 // retry goes through the broker and the count survives a crash.
+//
+// # Batches
+//
+// A hot key is serial under Exclusive and Ordered. RunBatch lifts that
+// ceiling without giving up order: its handler (BatchHandlerFunc) gets up to
+// Config.Batch.MaxSize consecutive messages of one key, in order, and at
+// most one batch per key is in flight (under Parallel with lanes.Shared
+// several batches of a key may run at once; lanes.ByKey keeps a key on one
+// lane). A batch that is not full is handed over
+// Config.Batch.MaxWait after its first message arrived. Keyless messages
+// come in batches of one: a batch is always one key's run of messages,
+// which is what lets a handler apply it in one transaction.
+//
+// The handler reports the failed message with keyorder.FailedAt(i, err):
+// ds[:i] are acknowledged, ds[i] gets err's outcome as a single handler's
+// error would (retry with backoff, keyorder.RetryAfter's delay,
+// keyorder.Permanent's dead letter, a dead letter when its attempts run
+// out), and ds[i+1:] return to pending in their order, ahead of anything
+// else of their key, their attempts not counted. Any other error, and a
+// panic, fail the batch at index 0. After a dead letter at i the key
+// continues at once with i+1. Where the process holds keys (no native
+// hold) the failed message and those behind it stay in the lane as one
+// batch until the retry time; where the broker holds them, the failed
+// message is Nacked with its delay and those behind it (and the rest of
+// their chain) are Released unrun.
+//
+// Batches are assembled in process from what is received, one open batch
+// per key, by one goroutine, so a key's batches reach the lanes in order.
+// On a broker that holds keys natively (PostgreSQL, SQS) nothing more of a
+// key arrives while its messages are leased, so a batch there is at most
+// what one receive returns of the key (PostgreSQL's claim chain, an SQS
+// receive) and never waits for MaxWait. Config.MaxOutstanding defaults to
+// 2×Workers×MaxSize under RunBatch so that batches can fill.
+//
+// Config.Observer sees every message of a batch as an attempt of its own
+// (those after the failed index end OutcomeReleased); the handler's context
+// is the one the observer returned for the batch's first message.
+// Config.Middleware wraps a per-message HandlerFunc and does not apply to
+// batches.
 //
 // # Who owns what
 //

@@ -30,10 +30,10 @@ const holdsSpareMax = 1024
 // holdKeys on its key's hold. Called with s.mu held.
 func (s *Subscriber) addOutstanding(it *item) {
 	s.outstanding[it] = struct{}{}
-	if !s.holdKeys || it.m.Key == "" {
+	if !s.holdKeys || it.key == "" {
 		return
 	}
-	h := s.holdFor(it.m.Key)
+	h := s.holdFor(it.key)
 	it.inHold = true
 	it.prevK, it.nextK = h.tail, nil
 	if h.tail != nil {
@@ -70,7 +70,7 @@ func (s *Subscriber) removeOutstanding(it *item) {
 	if !it.inHold {
 		return
 	}
-	h := s.holds[it.m.Key]
+	h := s.holds[it.key]
 	if it.prevK != nil {
 		it.prevK.nextK = it.nextK
 	} else {
@@ -83,7 +83,7 @@ func (s *Subscriber) removeOutstanding(it *item) {
 	}
 	it.inHold, it.prevK, it.nextK = false, nil, nil
 	h.n--
-	s.dropHoldIfIdle(it.m.Key, h)
+	s.dropHoldIfIdle(it.key, h)
 }
 
 // dropHoldIfIdle forgets a key's hold once nothing of the key is
@@ -135,8 +135,8 @@ func (s *Subscriber) park(it *item) {
 		it.hasToken = false
 		free++
 	}
-	if s.holdKeys && it.m.Key != "" {
-		h := s.holdFor(it.m.Key)
+	if s.holdKeys && it.key != "" {
+		h := s.holdFor(it.key)
 		it.parked = true
 		h.parked++
 		for o := h.head; o != nil; o = o.nextK {
@@ -154,9 +154,9 @@ func (s *Subscriber) park(it *item) {
 func (s *Subscriber) unpark(it *item) {
 	s.mu.Lock()
 	it.parked = false
-	if h := s.holds[it.m.Key]; h != nil {
+	if h := s.holds[it.key]; h != nil {
 		h.parked--
-		s.dropHoldIfIdle(it.m.Key, h)
+		s.dropHoldIfIdle(it.key, h)
 	}
 	s.mu.Unlock()
 }

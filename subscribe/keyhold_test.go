@@ -18,7 +18,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 		tokens:      make(chan struct{}, 100),
 	}
 	add := func(id, key string) *item {
-		it := &item{m: &adapters.Message{ID: id, Key: key}, hasToken: true}
+		it := &item{m: &adapters.Message{ID: id, Key: key}, key: key, hasToken: true}
 		s.tokens <- struct{}{}
 		s.mu.Lock()
 		s.addOutstanding(it)

@@ -20,7 +20,9 @@ const (
 	// or attempts exhausted).
 	OutcomeDeadLetter
 	// OutcomeReleased: the attempt was cancelled by shutdown and the
-	// message returned to the broker without counting it.
+	// message returned to the broker without counting it; or, in a batch
+	// (RunBatch), the message came after the one that failed and returns
+	// to pending, its attempt not counted.
 	OutcomeReleased
 	// OutcomeLeaseLost: the message's lease was lost while the handler
 	// ran; the broker redelivers it.

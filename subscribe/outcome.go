@@ -48,6 +48,9 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 		return lanes.Done()
 	}
+	if r, wait := s.throttle(it); wait {
+		return r
+	}
 	hctx, cancel := context.WithCancel(ctx)
 	it.mu.Lock()
 	it.cancel = cancel
@@ -146,6 +149,23 @@ type deadNote struct {
 // attempt's observation (Config.Observer); nil without an observer.
 func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end func(Outcome, error), err error) {
 	m := it.m
+	d := s.delivery(it)
+	if s.cfg.Observer != nil {
+		ctx, end = s.cfg.Observer.StartProcess(ctx, d)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.Panics.Add(1)
+			err = &keyorder.PanicError{Value: r, Stack: debug.Stack()}
+			s.cfg.Logger.Error("keyorder: handler panicked", "id", m.ID, "key", m.Key, "panic", r)
+		}
+	}()
+	return end, h(ctx, d)
+}
+
+// delivery returns the Delivery an attempt of it is handed.
+func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
+	m := it.m
 	headers := make(map[string]string, len(m.Headers)+1)
 	for k, v := range m.Headers {
 		headers[k] = v
@@ -166,15 +186,5 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end fun
 		PublishTime:  m.PublishTime,
 		Subscription: s.name,
 	}
-	if s.cfg.Observer != nil {
-		ctx, end = s.cfg.Observer.StartProcess(ctx, d)
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			s.stats.Panics.Add(1)
-			err = &keyorder.PanicError{Value: r, Stack: debug.Stack()}
-			s.cfg.Logger.Error("keyorder: handler panicked", "id", m.ID, "key", m.Key, "panic", r)
-		}
-	}()
-	return end, h(ctx, d)
+	return d
 }

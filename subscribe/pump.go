@@ -22,6 +22,17 @@ type item struct {
 	chain   *chain
 	seq     uint64 // receive order
 	lost    atomic.Bool
+	// key is the in-process group (lane key): the broker's key, refined
+	// by Config.LaneKey; fair is the fairness key. Set at receive.
+	key, fair string
+
+	// Under RunBatch the item submitted to the lanes carries its batch:
+	// batch lists the members not yet settled, in order (the item itself
+	// first until it is settled; after a partial failure the carrier stays
+	// the lane's item while batch holds the failed message and those
+	// behind it). due is when an open batch is handed to the lanes.
+	batch []*item
+	due   time.Time
 
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
@@ -105,6 +116,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		for i, m := range ms {
 			s.seq++
 			it := &item{m: m, attempt: max(m.Attempt, 1), hasToken: i < n, seq: s.seq}
+			s.classify(it)
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {
 					if prev.chain == nil {
@@ -130,22 +142,34 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				free++
 				if it.inHold {
 					it.parked = true
-					s.holds[m.Key].parked++
+					s.holds[it.key].parked++
 				}
-			case it.inHold && s.holds[m.Key].parked > 0:
+			case it.inHold && s.holds[it.key].parked > 0:
 				// Behind a parked head of its key.
 				it.hasToken = false
 				free++
 			}
 			s.mu.Unlock()
 			s.releaseTokens(free)
-			if err := pool.Submit(ctx, m.Key, m.Key != "", m.NotBefore, it); err != nil {
+			if s.batcher != nil {
+				if err := s.batcher.add(ctx, it); err != nil {
+					s.giveBack(its[i+1:]) // the batcher gave back its batch
+					break
+				}
+				continue
+			}
+			if err := pool.SubmitFair(ctx, it.fair, it.key, it.key != "", m.NotBefore, it); err != nil {
 				// Shutting down: give this one and the rest back
 				// unhandled, all of them, so that none of a key is
 				// handled after one before it went back.
 				s.giveBack(its[i:])
 				break
 			}
+		}
+		if s.batcher != nil && s.caps.NativeHold {
+			// Nothing more of these keys comes while they are leased:
+			// their batches are as full as they get.
+			s.batcher.flushAll(ctx)
 		}
 	}
 }

@@ -15,7 +15,8 @@ import (
 // when the backend reports them, the subscription's counts as the broker
 // keeps them.
 type Stats struct {
-	// Handled counts handler calls.
+	// Handled counts handler calls; under RunBatch, messages handed to
+	// the batch handler.
 	Handled int64
 	// Acked counts messages acknowledged.
 	Acked int64
@@ -37,6 +38,9 @@ type Stats struct {
 	// retries exhausted): the broker redelivers those messages when their
 	// leases expire.
 	SettleFailures int64
+	// Throttled counts the times a message waited for a throttle's token
+	// (Config.Throttles) instead of running; not attempts.
+	Throttled int64
 	// Outstanding is how many received messages are not settled yet.
 	Outstanding int
 	// Backend holds the subscription's counts as the backend reports them
@@ -58,6 +62,7 @@ func (s *Subscriber) Stats(ctx context.Context) (Stats, error) {
 		DeadLettered: c.DeadLettered.Load(), Suppressed: c.Suppressed.Load(),
 		LeasesLost: c.LeasesLost.Load(), Panics: c.Panics.Load(),
 		SettleRetries: c.SettleRetries.Load(), SettleFailures: c.SettleFailures.Load(),
+		Throttled: c.Throttled.Load(),
 	}
 	s.mu.Lock()
 	st.Outstanding = len(s.outstanding)

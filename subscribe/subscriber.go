@@ -57,6 +57,14 @@ type Subscriber struct {
 	settling sync.WaitGroup
 
 	unobserve func() // from Config.Observer.Attach; see observe.go
+
+	// batcher groups received messages into batches under RunBatch; nil
+	// under Run. outstandingAsked: Config.MaxOutstanding was set, so
+	// RunBatch keeps it.
+	batcher          *batcher
+	outstandingAsked bool
+
+	throttles *throttler // Config.Throttles; nil without
 }
 
 // counters count what a Subscriber did; Stats reads them.
@@ -70,6 +78,7 @@ type counters struct {
 	Panics         atomic.Int64
 	SettleRetries  atomic.Int64
 	SettleFailures atomic.Int64
+	Throttled      atomic.Int64
 }
 
 // Open opens a Subscriber for the subscription named by urlstr, through the
@@ -116,10 +125,12 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
+	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
 	}
 	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	s.throttles = newThrottler(c.Throttles)
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
 	}
@@ -146,23 +157,41 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler", keyorder.ErrInvalidConfig)
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
+		h = s.cfg.Middleware[i](h)
+	}
+	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
+		return s.handle(ctx, h, it)
+	}, false)
+}
+
+// begin marks the Subscriber running (Run and RunBatch may be called once,
+// and not after Close).
+func (s *Subscriber) begin() error {
 	if !s.running.CompareAndSwap(false, true) {
 		if s.closed.Load() {
 			return fmt.Errorf("subscribe: Run after Close: %w", keyorder.ErrClosed)
 		}
 		return fmt.Errorf("%w: Run called twice", keyorder.ErrInvalidConfig)
 	}
+	return nil
+}
+
+// run is the lifecycle Run and RunBatch share; handler runs each lane item
+// (a message, or under batched a batch of one key's messages).
+func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batched bool) error {
 	defer close(s.done)
-	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
-		h = s.cfg.Middleware[i](h)
-	}
 	pool, err := lanes.New(&lanes.Config{
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
-	}, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
-		return s.handle(ctx, h, it)
-	})
+		// Fairness: see fairness.go.
+		Fair:       s.cfg.FairnessKey != nil,
+		FairWeight: s.cfg.FairnessWeight,
+	}, handler)
 	if err != nil {
 		return err
 	}
@@ -182,7 +211,19 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	ackDone := make(chan struct{})
 	go s.acker(ackDone)
 
+	if batched {
+		s.batcher = newBatcher(s, pool, rctx)
+	}
 	runErr := s.pump(rctx, pool)
+	var unbatched []*item // open batches, never handed to the lanes
+	if s.batcher != nil {
+		unbatched = s.batcher.stop()
+		if s.caps.NativeHold {
+			// The broker holds the keys; drain must not wait for these.
+			s.giveBack(unbatched)
+			unbatched = nil
+		}
+	}
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	go func() {
@@ -199,6 +240,7 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	s.closing.Store(true)
 	leftover, _ := pool.Close(sctx)
 	cancel()
+	leftover = append(unbatch(leftover), unbatched...)
 	if len(leftover) > 0 {
 		live := leftover[:0]
 		for _, it := range leftover {

@@ -225,3 +225,35 @@ func TestCrashedConsumerLeasesExpire(t *testing.T) {
 		}
 	})
 }
+
+// A message's first delivery carries the lease allocated with its entry;
+// once that delivery is settled, its Message settles nothing, not even a
+// later delivery of the same message (which has a lease of its own).
+func TestEarlierDeliveryCannotSettleALaterOne(t *testing.T) {
+	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
+		synctest.Test(t, func(t *testing.T) {
+			b := memory.NewBroker()
+			b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 10 * time.Second})
+			send(t, b, [2]string{"a1", "A"})
+			ctx := context.Background()
+			c, _ := b.SubscriptionDriver("s")
+			first, _ := c.Receive(ctx, 1)
+			if err := c.Nack(ctx, first[0], 0); err != nil {
+				t.Fatal(err)
+			}
+			second, _ := c.Receive(ctx, 1)
+			if !slices.Equal(ids(second), []string{"a1"}) || second[0].Attempt != 2 {
+				t.Fatalf("hold %v: redelivery %v attempt %d, want a1 attempt 2", hold, ids(second), second[0].Attempt)
+			}
+			if err := c.Ack(ctx, first); err == nil {
+				t.Fatalf("hold %v: the first delivery's Message acknowledged the second delivery", hold)
+			}
+			if err := c.Ack(ctx, second); err != nil {
+				t.Fatalf("hold %v: acking the second delivery: %v", hold, err)
+			}
+			if err := c.Ack(ctx, second); err == nil {
+				t.Fatalf("hold %v: a settled delivery was settled again", hold)
+			}
+		})
+	}
+}

@@ -20,6 +20,12 @@ type entry struct {
 	seq   uint64
 	acked bool
 	lease *lease
+	// first is the lease of the first delivery, allocated with the entry
+	// (most messages are delivered once). A later delivery allocates its
+	// own: a lease is never reused, so a Message of an earlier delivery
+	// can never settle a later one.
+	first     lease
+	firstUsed bool
 }
 
 type lease struct {
@@ -54,13 +60,14 @@ type subscription struct {
 	name, topic string
 	cfg         SubscriptionConfig
 
-	mu        sync.Mutex
-	changed   chan struct{}
-	waiters   int // receivers waiting on changed
-	nextLease uint64
-	leases    map[uint64]*lease
-	consumers int
-	dead      []adapters.DeadLetter
+	mu sync.Mutex
+	// waiting holds the wake-up channel of each receiver waiting for a
+	// change, free the channels kept for reuse (see wait).
+	waiting, free []chan struct{}
+	nextLease     uint64
+	leases        map[uint64]*lease
+	consumers     int
+	dead          []adapters.DeadLetter
 
 	q *groupq.Queue[*entry] // Native
 
@@ -70,13 +77,14 @@ type subscription struct {
 	seq     uint64 // InProcess
 	pending []*entry
 	keys    map[string]*ikey
+
+	slab []entry // see newEntry
 }
 
 func newSubscription(name, topic string, cfg SubscriptionConfig) *subscription {
 	s := &subscription{
 		name: name, topic: topic, cfg: cfg,
-		changed: make(chan struct{}),
-		leases:  map[uint64]*lease{},
+		leases: map[uint64]*lease{},
 	}
 	if cfg.Hold == Native {
 		s.q = groupq.New[*entry](cfg.Ordering)
@@ -95,24 +103,74 @@ func (s *subscription) newConsumer() int {
 
 // signal wakes waiting receivers; s.mu is held.
 func (s *subscription) signal() {
-	if s.waiters == 0 {
-		return
+	for _, ch := range s.waiting {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
-	close(s.changed)
-	s.changed = make(chan struct{})
+	clear(s.waiting)
+	s.waiting = s.waiting[:0]
+}
+
+// wait registers a receiver's wake-up channel, which the next signal
+// wakes; s.mu is held. Channels are reused (see unwait), so waiting
+// allocates nothing once the receivers have theirs.
+func (s *subscription) wait() chan struct{} {
+	var ch chan struct{}
+	if n := len(s.free); n > 0 {
+		ch = s.free[n-1]
+		s.free[n-1] = nil
+		s.free = s.free[:n-1]
+	} else {
+		ch = make(chan struct{}, 1)
+	}
+	s.waiting = append(s.waiting, ch)
+	return ch
+}
+
+// unwait withdraws ch, registered by wait, and keeps it for reuse; s.mu is
+// held. Once withdrawn no signal can reach ch, so emptying it here leaves
+// it clean for its next waiter.
+func (s *subscription) unwait(ch chan struct{}) {
+	if i := slices.Index(s.waiting, ch); i >= 0 {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	s.free = append(s.free, ch)
 }
 
 func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, m := range ms {
-		e := &entry{msg: adapters.Message{
+		e := s.newEntry()
+		e.msg = adapters.Message{
 			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers,
 			NotBefore: m.NotBefore, PublishTime: now,
-		}}
+		}
 		s.add(e)
 	}
 	s.signal()
+}
+
+// entrySlab is how many entries one allocation holds.
+const entrySlab = 64
+
+// newEntry returns a zero entry cut from the current slab; s.mu is held.
+// Entries are allocated entrySlab at a time (a publisher often hands over
+// one message per call): a slab's memory, and the payloads of its settled
+// entries, live until none of its entries is referenced any more.
+func (s *subscription) newEntry() *entry {
+	if len(s.slab) == 0 {
+		s.slab = make([]entry, entrySlab)
+	}
+	e := &s.slab[0]
+	s.slab = s.slab[1:]
+	return e
 }
 
 func (s *subscription) add(e *entry) {
@@ -145,11 +203,11 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 			timer.Stop()
 		}
 	}()
-	waiting := false
+	var ch chan struct{} // registered by wait while this receiver waits
 	defer func() {
-		if waiting {
+		if ch != nil {
 			s.mu.Lock()
-			s.waiters--
+			s.unwait(ch)
 			s.mu.Unlock()
 		}
 	}()
@@ -158,9 +216,9 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 			return nil, err
 		}
 		s.mu.Lock()
-		if waiting {
-			s.waiters--
-			waiting = false
+		if ch != nil {
+			s.unwait(ch)
+			ch = nil
 		}
 		select {
 		case <-crash:
@@ -176,9 +234,7 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 			return out, nil
 		}
 		wake, ok := s.nextWake()
-		ch := s.changed
-		s.waiters++
-		waiting = true
+		ch = s.wait()
 		s.mu.Unlock()
 		var tc <-chan time.Time
 		if ok {
@@ -204,7 +260,14 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time) *adapters.Message {
 	e.attempts++
 	s.nextLease++
-	l := &lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
+	var l *lease
+	if !e.firstUsed {
+		e.firstUsed = true
+		l = &e.first
+	} else {
+		l = new(lease)
+	}
+	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
 	s.leases[l.id] = l
 	e.lease = l
 	l.msg.AckID = l

@@ -17,4 +17,5 @@ require (
 	github.com/stretchr/testify v1.12.1 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 )

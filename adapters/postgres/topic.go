@@ -144,6 +144,20 @@ func (t *pgTopic) notifyChannel() string {
 // insert publishes ms on ex (a pool: its own transaction; a pgx.Tx: the
 // caller's). onlySub restricts the deliveries to one subscription
 // (redrive).
+//
+// It is one round trip: a pipeline of the head locks, one statement
+// inserting the messages and their deliveries from arrays (unnest), and
+// the NOTIFY. Its cost is the server's per-row work, roughly a third each
+// for the head locks (a row lock and its WAL record per key), the message
+// rows (heap, primary key, identity sequence) and the delivery rows (heap,
+// primary key and the per-key index): about 13-15 ms per 1,000 messages
+// over 1,000 keys on the 2-core CI machine, where a plain table of (id,
+// key, payload) takes 4-6 ms. COPY was tried (2026-12-02, issue 11): it
+// cannot return the ids the deliveries need, so the ids are drawn first
+// (nextval per row, after the head locks) and the messages and deliveries
+// copied in an explicit transaction; that took 22-28 ms per 1,000, the
+// extra round trips and the id query costing more than COPY's cheaper heap
+// writes saved, and the index inserts are the same.
 func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *int32, ms []*adapters.Message, notify string) error {
 	n := len(ms)
 	ids := make([]string, n)

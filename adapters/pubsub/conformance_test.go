@@ -126,6 +126,9 @@ func TestConformanceEmulator(t *testing.T) {
 			"nack both: the next pull returns a3 a4 a2 a1), so a message the first subscriber returns at shutdown " +
 			"comes back after its successors; Pub/Sub redelivers it and everything after it in key order. " +
 			"pstest runs this case",
+		"BatchShutdownLosesNothing": "as ShutdownMidStreamLosesNothing: the batches the first subscriber returns at " +
+			"shutdown come back from Google's emulator behind their key's messages not delivered yet " +
+			"(measured on this case: k0 completed m000..m024, m048..m114, then m030 m036 m042). pstest runs this case",
 	}})
 }
 

@@ -25,4 +25,5 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 )

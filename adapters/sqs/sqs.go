@@ -308,9 +308,14 @@ type Options struct {
 	// subscriber did not ask for (see Ordering in the package
 	// documentation). Every put-back raises the message's
 	// ApproximateReceiveCount, which other processes may see as attempts:
-	// use it with one consuming process. Defaults to false: Receive asks
-	// SQS for what the subscriber asked (under Ordered one message per
-	// call) and takes SQS's choice.
+	// use it with one consuming process. It is also the fast consumer
+	// under Ordered: one call brings up to 10 messages, a group's
+	// consecutive ones running as a chain, where the default makes one
+	// call per message (against ElasticMQ, 20,000 messages over 200
+	// groups: 0.90x the raw client's consume with OldestFirst, 0.06-0.10x
+	// without). Defaults to false: Receive asks SQS for what the
+	// subscriber asked (under Ordered one message per call) and takes
+	// SQS's choice.
 	OldestFirst bool
 	// WaitTime is the long-poll wait of one ReceiveMessage call, 0 to 20s,
 	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0

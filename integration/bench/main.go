@@ -38,7 +38,8 @@
 // Output: a Markdown table per backend on stdout and, with -out, in
 // DIR/<backend>.md with a chart in DIR/<backend>.png. -backend pgsuite runs
 // the PostgreSQL-only suite instead (keyorder's driver against River and
-// watermill-sql, key counts, backlog, idle latency, retention).
+// watermill-sql, key counts, backlog, idle latency, retention); -backend
+// pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100).
 //
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.
@@ -92,7 +93,7 @@ func main() {
 		only  string
 		c     config
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, or pgsuite for the PostgreSQL-only suite, pgcompact for PostgreSQL compaction")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -108,11 +109,32 @@ func main() {
 	flag.IntVar(&c.recvBatch, "recv", 1000, "pgsuite: keyorder messages per Receive")
 	flag.DurationVar(&c.retention, "retention", 60*time.Second, "pgsuite: duration of the retention run (0: skip)")
 	flag.IntVar(&c.backlogBig, "backlog", 200000, "pgsuite: large backlog for the flatness test (0: skip)")
+	// The fairness benchmark's own settings (fairness.go).
+	fo := fairOptions{}
+	flag.IntVar(&fo.perSmall, "fair-small", 200, "fairness: messages per small tenant (the big one publishes 100x)")
+	flag.IntVar(&fo.bursts, "fair-bursts", 20, "fairness: bursts of the big tenant")
+	flag.DurationVar(&fo.work, "fair-work", 2*time.Millisecond, "fairness: handler time in the latency run")
+	flag.IntVar(&fo.window, "fair-window", 4096, "fairness: subscribe MaxOutstanding")
+	flag.IntVar(&fo.workers, "fair-workers", 8, "fairness: subscribe Workers")
+	flag.IntVar(&fo.tpN, "fair-n", 100000, "fairness: messages of the no-op throughput run")
+	flag.StringVar(&fo.backend, "fair-backend", "memory", "fairness: memory, or postgres (under testenv)")
+	flag.StringVar(&fo.only, "fair-only", "", "fairness: run only \"arrival\" or \"fair\" (to profile one)")
 	flag.Parse()
 	ctx := context.Background()
 	if which == "pgcompact" {
 		c.size = o.size
 		pgCompact(ctx, c, o.out)
+		return
+	}
+	if which == "pgbatch" {
+		if err := pgBatchBench(ctx, o); err != nil {
+			log.Fatalf("bench: pgbatch: %v", err)
+		}
+		return
+	}
+	if which == "fairness" {
+		fo.rounds, fo.out = max(o.rounds, 1), o.out
+		fairnessMain(ctx, fo)
 		return
 	}
 	if which == "pgsuite" {

@@ -37,20 +37,22 @@ func sqsBackend(context.Context) (*backend, error) {
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
 	})
 	opts := &sqs.Options{Ordering: policy.Ordered, WaitTime: time.Second, Logger: quiet()}
-	f := func(ctx context.Context, id string) (*koDriver, error) {
-		u, err := sqs.CreateQueue(ctx, client, id+".fifo", opts)
-		if err != nil {
-			return nil, err
+	factory := func(opts *sqs.Options) koFactory {
+		return func(ctx context.Context, id string) (*koDriver, error) {
+			u, err := sqs.CreateQueue(ctx, client, id+".fifo", opts)
+			if err != nil {
+				return nil, err
+			}
+			return &koDriver{
+				openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+					return sqs.OpenTopic(ctx, client, u, opts, cfg)
+				},
+				openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+					return sqs.OpenSubscription(ctx, client, u, opts, cfg)
+				},
+				cleanup: func() { deleteQueues(client, id+".fifo", id+"-dead.fifo") },
+			}, nil
 		}
-		return &koDriver{
-			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
-				return sqs.OpenTopic(ctx, client, u, opts, cfg)
-			},
-			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-				return sqs.OpenSubscription(ctx, client, u, opts, cfg)
-			},
-			cleanup: func() { deleteQueues(client, id+".fifo", id+"-dead.fifo") },
-		}, nil
 	}
 	t := koTuning{
 		subscribe:  subscribe.Config{Workers: 64},
@@ -61,12 +63,32 @@ func sqsBackend(context.Context) (*backend, error) {
 		title: "SQS FIFO (ElasticMQ)",
 		note: fmt.Sprintf("Raw: aws-sdk-go-v2, payloads base64-encoded as keyorder sends a binary payload, SendMessageBatch of up to 10 messages of one group per call from %d goroutines (each owning a share of the groups), "+
 			"%d goroutines calling ReceiveMessage (10, long poll 1s) and DeleteMessageBatch. "+
-			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines.", sqsSenders, sqsReceivers, sqsSenders),
+			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines. The consumer receives group heads only, one per ReceiveMessage call "+
+			"(the default, safe with any number of consuming processes); the OldestFirst row receives up to 10 per call, chains of a group included "+
+			"(one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, sqsSenders),
 		systems: append([]system{{name: "raw aws-sdk-go-v2", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id) }}},
-			koSystems(f, t)...),
+			append(koSystems(factory(opts), t), oldestFirstSystems(factory, opts, t)...)...),
 		close: func() {},
 	}, nil
+}
+
+// oldestFirstSystems returns keyorder PublishAsync with the consumer in
+// Options.OldestFirst mode: each ReceiveMessage asks for 10, so a group's
+// consecutive messages arrive as one chain (the default Ordered consumer
+// receives group heads only, one per call; see the sqs package
+// documentation for what OldestFirst costs).
+func oldestFirstSystems(factory func(*sqs.Options) koFactory, opts *sqs.Options, t koTuning) []system {
+	o := *opts
+	o.OldestFirst = true
+	var out []system
+	for _, s := range koSystems(factory(&o), t) {
+		if s.name == "keyorder "+modeAsync {
+			s.name += " (OldestFirst)"
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func deleteQueues(client *awssqs.Client, names ...string) {

@@ -10,6 +10,24 @@
 // to the head of its group and holds the group until its retry time; under
 // Exclusive and Parallel it waits aside and later items may run first.
 //
+// # Fairness
+//
+// A queue made with NewFair chooses among fairness keys (Item.Fair) round
+// robin, optionally weighted, instead of by arrival alone: each Pop serves
+// the next fairness key that has something deliverable, and within one
+// fairness key the oldest deliverable item. What is deliverable does not
+// change, so ordering wins over fairness, as the table in the ordering
+// design says:
+//
+//   - a group that lies within one fairness key (the ordering key includes
+//     the fairness key): fairness has no effect on the group's order;
+//   - a group that spans fairness keys: the group is served in its own
+//     order; its head decides the fairness key it competes under, so the
+//     group's next item waits for the head even when its own fairness key
+//     would be next;
+//   - everything in one group (whole-queue order): only one item is ever
+//     deliverable, so arrival order decides.
+//
 // A Queue is not safe for concurrent use; callers hold their own lock. Time is
 // passed in, never read, so callers can drive it with any clock. Steady-state
 // operations do not allocate.
@@ -34,6 +52,9 @@ type Item[T any] struct {
 	Seq uint64
 	// Value is the caller's payload.
 	Value T
+	// Fair is the fairness key, used by a queue made with NewFair; "" is a
+	// fairness key like any other.
+	Fair string
 }
 
 // Handle identifies an item handed out by Pop until it is settled with Done,
@@ -49,7 +70,9 @@ type keyState[T any] struct {
 	pending  []Item[T] // pending[head:] sorted by Seq
 	head     int
 	inflight int
-	readyIdx int // index in ready heap, -1 if absent
+	readyIdx int                  // index in ready heap, -1 if absent
+	headSeq  uint64               // front().Seq while in a ready heap: its order there
+	in       *bheap[*keyState[T]] // the ready heap holding it, when readyIdx >= 0
 	timedAt  time.Time
 	gen      uint64
 }
@@ -100,23 +123,43 @@ type timedEntry[T any] struct {
 	item Item[T]
 }
 
+// fairState is one fairness key's deliverable items (fair queues only).
+type fairState[T any] struct {
+	name       string
+	ready      bheap[*keyState[T]] // groups whose head has this fairness key
+	free       bheap[Item[T]]
+	prev, next *fairState[T] // the ring of fairness keys, while linked
+	linked     bool
+	served     int // items handed out in its current turn
+}
+
+func (f *fairState[T]) empty() bool { return len(f.ready.s) == 0 && len(f.free.s) == 0 }
+
 // Queue is a group-aware queue. The zero value is not usable; call New.
 type Queue[T any] struct {
 	ordering policy.Ordering
-	seq      uint64
-	keys     map[string]*keyState[T]
-	ready    bheap[*keyState[T]]
-	free     bheap[Item[T]]
-	timed    bheap[timedEntry[T]]
-	spare    []*keyState[T]
-	queued   int
-	inflight int
+	// Fair queues only: the deliverable items by fairness key, the ring
+	// of fairness keys with something deliverable (cur is served next)
+	// and each key's weight.
+	fair      bool
+	fairs     map[string]*fairState[T]
+	cur       *fairState[T]
+	weight    func(string) int
+	fairSpare []*fairState[T]
+	seq       uint64
+	keys      map[string]*keyState[T]
+	ready     bheap[*keyState[T]]
+	free      bheap[Item[T]]
+	timed     bheap[timedEntry[T]]
+	spare     []*keyState[T]
+	queued    int
+	inflight  int
 }
 
 // New returns an empty queue enforcing ordering.
 func New[T any](ordering policy.Ordering) *Queue[T] {
 	q := &Queue[T]{ordering: ordering, keys: make(map[string]*keyState[T])}
-	q.ready.less = func(a, b *keyState[T]) bool { return a.front().Seq < b.front().Seq }
+	q.ready.less = func(a, b *keyState[T]) bool { return a.headSeq < b.headSeq }
 	q.ready.moved = func(ks *keyState[T], i int) { ks.readyIdx = i }
 	q.free.less = func(a, b Item[T]) bool { return a.Seq < b.Seq }
 	q.timed.less = func(a, b timedEntry[T]) bool {
@@ -126,6 +169,94 @@ func New[T any](ordering policy.Ordering) *Queue[T] {
 		return a.at.Before(b.at)
 	}
 	return q
+}
+
+// NewFair returns an empty queue enforcing ordering that serves fairness
+// keys (Item.Fair) round robin: see the package documentation. weight, if
+// not nil, gives a fairness key's weight: the number of items it is served
+// in a row in its turn (values below 1 count as 1). A nil weight serves
+// every fairness key one item per turn.
+func NewFair[T any](ordering policy.Ordering, weight func(fairKey string) int) *Queue[T] {
+	q := New[T](ordering)
+	q.fair = true
+	q.fairs = make(map[string]*fairState[T])
+	q.weight = weight
+	return q
+}
+
+// Fair reports whether the queue serves fairness keys round robin.
+func (q *Queue[T]) Fair() bool { return q.fair }
+
+// fairFor returns the fairness key's state, linked into the ring (last in
+// the current round) if it was not.
+func (q *Queue[T]) fairFor(name string) *fairState[T] {
+	fs := q.fairs[name]
+	if fs == nil {
+		if n := len(q.fairSpare); n > 0 {
+			fs = q.fairSpare[n-1]
+			q.fairSpare = q.fairSpare[:n-1]
+		} else {
+			fs = &fairState[T]{}
+			fs.ready.less, fs.ready.moved = q.ready.less, q.ready.moved
+			fs.free.less = q.free.less
+		}
+		fs.name = name
+		q.fairs[name] = fs
+	}
+	if !fs.linked {
+		fs.linked = true
+		fs.served = 0
+		if q.cur == nil {
+			fs.prev, fs.next = fs, fs
+			q.cur = fs
+		} else {
+			fs.prev, fs.next = q.cur.prev, q.cur
+			q.cur.prev.next = fs
+			q.cur.prev = fs
+		}
+	}
+	return fs
+}
+
+// unlinkFair takes an empty fairness key out of the ring and forgets it.
+func (q *Queue[T]) unlinkFair(fs *fairState[T]) {
+	if fs.next == fs {
+		q.cur = nil
+	} else {
+		fs.prev.next = fs.next
+		fs.next.prev = fs.prev
+		if q.cur == fs {
+			q.cur = fs.next
+		}
+	}
+	fs.prev, fs.next, fs.linked = nil, nil, false
+	delete(q.fairs, fs.name)
+	fs.name = ""
+	q.fairSpare = append(q.fairSpare, fs)
+}
+
+// readyFor returns the ready heap a deliverable group belongs in.
+func (q *Queue[T]) readyFor(ks *keyState[T]) *bheap[*keyState[T]] {
+	if !q.fair {
+		return &q.ready
+	}
+	return &q.fairFor(ks.front().Fair).ready
+}
+
+// pushFree files a deliverable item without a group.
+func (q *Queue[T]) pushFree(it Item[T]) {
+	if !q.fair {
+		q.free.push(it)
+		return
+	}
+	q.fairFor(it.Fair).free.push(it)
+}
+
+// unready takes a group out of the ready heap it is in, if any.
+func (ks *keyState[T]) unready() {
+	if ks.readyIdx >= 0 {
+		ks.in.remove(ks.readyIdx)
+	}
 }
 
 // Ordering returns the queue's ordering.
@@ -163,7 +294,7 @@ func (q *Queue[T]) place(it Item[T]) {
 		ks.insert(it)
 		q.settle(ks, time.Time{})
 	default:
-		q.free.push(it)
+		q.pushFree(it)
 	}
 }
 
@@ -187,9 +318,7 @@ func (q *Queue[T]) keyState(key string) *keyState[T] {
 // with a not-before time is parked and checked on the next Pop.
 func (q *Queue[T]) settle(ks *keyState[T], now time.Time) {
 	if ks.inflight > 0 || ks.len() == 0 {
-		if ks.readyIdx >= 0 {
-			q.ready.remove(ks.readyIdx)
-		}
+		ks.unready()
 		if ks.inflight == 0 && ks.len() == 0 && ks.timedAt.IsZero() {
 			delete(q.keys, ks.key)
 			ks.gen++
@@ -201,20 +330,22 @@ func (q *Queue[T]) settle(ks *keyState[T], now time.Time) {
 		return
 	}
 	if h := ks.front(); !h.At.IsZero() && (now.IsZero() || h.At.After(now)) {
-		if ks.readyIdx >= 0 {
-			q.ready.remove(ks.readyIdx)
-		}
+		ks.unready()
 		if !ks.timedAt.Equal(h.At) {
 			ks.timedAt = h.At
 			q.timed.push(timedEntry[T]{at: h.At, ks: ks, gen: ks.gen})
 		}
 		return
 	}
-	if ks.readyIdx >= 0 {
-		q.ready.fix(ks.readyIdx)
-	} else {
-		q.ready.push(ks)
+	ks.headSeq = ks.front().Seq
+	r := q.readyFor(ks)
+	if ks.readyIdx >= 0 && ks.in == r {
+		r.fix(ks.readyIdx)
+		return
 	}
+	ks.unready()
+	ks.in = r
+	r.push(ks)
 }
 
 // advance moves everything whose time has come out of the timed heap.
@@ -228,7 +359,7 @@ func (q *Queue[T]) advance(now time.Time) {
 				ks.insert(e.item)
 				q.settle(ks, now)
 			} else {
-				q.free.push(e.item)
+				q.pushFree(e.item)
 			}
 			continue
 		}
@@ -246,9 +377,12 @@ func (q *Queue[T]) advance(now time.Time) {
 // Pop hands out the oldest deliverable item at time now.
 func (q *Queue[T]) Pop(now time.Time) (Handle[T], bool) {
 	q.advance(now)
+	if q.fair {
+		return q.popFair()
+	}
 	var h Handle[T]
 	switch {
-	case len(q.ready.s) > 0 && (len(q.free.s) == 0 || q.ready.s[0].front().Seq < q.free.s[0].Seq):
+	case len(q.ready.s) > 0 && (len(q.free.s) == 0 || q.ready.s[0].headSeq < q.free.s[0].Seq):
 		ks := q.ready.pop()
 		h.Item = ks.popFront()
 		h.ks, h.gen = ks, ks.gen
@@ -261,6 +395,40 @@ func (q *Queue[T]) Pop(now time.Time) (Handle[T], bool) {
 	q.queued--
 	q.inflight++
 	return h, true
+}
+
+// popFair hands out the oldest deliverable item of the fairness key whose
+// turn it is, and moves the turn on once the key has had its weight.
+func (q *Queue[T]) popFair() (Handle[T], bool) {
+	var h Handle[T]
+	for q.cur != nil {
+		fs := q.cur
+		if fs.empty() {
+			q.unlinkFair(fs)
+			continue
+		}
+		if len(fs.ready.s) > 0 && (len(fs.free.s) == 0 || fs.ready.s[0].headSeq < fs.free.s[0].Seq) {
+			ks := fs.ready.pop()
+			h.Item = ks.popFront()
+			h.ks, h.gen = ks, ks.gen
+			ks.inflight++
+		} else {
+			h.Item = fs.free.pop()
+		}
+		fs.served++
+		w := 1
+		if q.weight != nil {
+			w = max(1, q.weight(fs.name))
+		}
+		if fs.served >= w {
+			fs.served = 0
+			q.cur = fs.next
+		}
+		q.queued--
+		q.inflight++
+		return h, true
+	}
+	return h, false
 }
 
 // PopNext hands out, as part of the same chain, the next item of h's group
@@ -337,9 +505,14 @@ func (q *Queue[T]) Drain() []Item[T] {
 		out = append(out, ks.pending[ks.head:]...)
 		ks.pending, ks.head = ks.pending[:0], 0
 		ks.timedAt = time.Time{}
-		if ks.readyIdx >= 0 {
-			q.ready.remove(ks.readyIdx)
-		}
+		ks.unready()
+	}
+	for q.cur != nil {
+		fs := q.cur
+		out = append(out, fs.free.s...)
+		clear(fs.free.s)
+		fs.free.s = fs.free.s[:0]
+		q.unlinkFair(fs)
 	}
 	for _, e := range q.timed.s {
 		if e.ks == nil {

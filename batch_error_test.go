@@ -1,0 +1,44 @@
+package keyorder_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/keyorder/keyorder"
+)
+
+func TestFailedAt(t *testing.T) {
+	base := errors.New("boom")
+	err := fmt.Errorf("apply: %w", keyorder.FailedAt(2, keyorder.RetryAfter(base, time.Second)))
+	var be *keyorder.BatchError
+	if !errors.As(err, &be) || be.Index != 2 {
+		t.Fatalf("errors.As(%v) = %+v", err, be)
+	}
+	var re *keyorder.RetryError
+	if !errors.As(err, &re) || re.After != time.Second || !errors.Is(err, base) {
+		t.Fatalf("RetryAfter inside FailedAt not found: %v", err)
+	}
+	i, cause := keyorder.BatchFailure(err)
+	if i != 2 || !errors.As(cause, &re) {
+		t.Fatalf("BatchFailure = %d, %v", i, cause)
+	}
+	var pe *keyorder.PermanentError
+	if !errors.As(keyorder.FailedAt(1, keyorder.Permanent(base)), &pe) {
+		t.Fatal("Permanent inside FailedAt not found")
+	}
+	if i, cause := keyorder.BatchFailure(base); i != 0 || cause != base {
+		t.Fatalf("plain error: BatchFailure = %d, %v", i, cause)
+	}
+	for _, bad := range []func(){func() { keyorder.FailedAt(-1, base) }, func() { keyorder.FailedAt(0, nil) }} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("no panic")
+				}
+			}()
+			bad()
+		}()
+	}
+}

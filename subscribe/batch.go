@@ -1,0 +1,482 @@
+package subscribe
+
+// This file: ordered batches (RunBatch): grouping received messages of one
+// key into batches (the batcher), and what a batch handler's result means
+// for each message of the batch.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/lanes"
+)
+
+// BatchHandlerFunc handles a batch: up to BatchConfig.MaxSize consecutive
+// messages of one ordering key, in their order (a keyless message comes in
+// a batch of its own). nil acknowledges them all. An error made with
+// keyorder.FailedAt(i, err) says that ds[:i] succeeded and ds[i] failed
+// with err; any other error fails the batch at index 0. See the package
+// documentation's Batches section. ds and its Deliveries are the handler's
+// to keep.
+type BatchHandlerFunc func(ctx context.Context, ds []*keyorder.Delivery) error
+
+// Defaults for BatchConfig.
+const (
+	BatchMaxSizeDefault = 10
+	BatchMaxWaitDefault = 20 * time.Millisecond
+	// BatchMaxSizeLimit is the largest BatchConfig.MaxSize.
+	BatchMaxSizeLimit = 10000
+)
+
+// BatchConfig configures RunBatch. A nil *BatchConfig means the defaults.
+type BatchConfig struct {
+	// MaxSize is the most messages in one batch. Defaults to
+	// BatchMaxSizeDefault; at most BatchMaxSizeLimit. A batch can be no
+	// larger than Config.MaxOutstanding, and where the broker holds keys
+	// natively (PostgreSQL, SQS) no larger than what one receive returns
+	// of a key (PostgreSQL's chain length, 10 on SQS).
+	MaxSize int
+	// MaxWait is how long a batch that is not full waits, from the receipt
+	// of its first message, for more of its key before it is handed to the
+	// handler anyway. Defaults to BatchMaxWaitDefault. Where the broker
+	// holds keys natively a batch never waits: nothing more of its key can
+	// arrive while it is leased.
+	MaxWait time.Duration
+}
+
+// WithDefaults returns a copy of c (which may be nil) with defaults applied.
+func (c *BatchConfig) WithDefaults() *BatchConfig {
+	out := &BatchConfig{}
+	if c != nil {
+		*out = *c
+	}
+	if out.MaxSize == 0 {
+		out.MaxSize = BatchMaxSizeDefault
+	}
+	if out.MaxWait == 0 {
+		out.MaxWait = BatchMaxWaitDefault
+	}
+	return out
+}
+
+func (c *BatchConfig) validate() error {
+	switch {
+	case c.MaxSize < 0 || c.MaxSize > BatchMaxSizeLimit:
+		return fmt.Errorf("%w: subscribe.BatchConfig.MaxSize must be in [1, %d], got %d", keyorder.ErrInvalidConfig, BatchMaxSizeLimit, c.MaxSize)
+	case c.MaxWait < 0:
+		return fmt.Errorf("%w: subscribe.BatchConfig.MaxWait must not be negative, got %v", keyorder.ErrInvalidConfig, c.MaxWait)
+	}
+	return nil
+}
+
+// RunBatch is Run with a batch handler: it receives and handles messages in
+// batches of one key (Config.Batch) until ctx ends or Close is called, then
+// shuts down as Run does. Config.Middleware, which wraps a per-message
+// HandlerFunc, does not apply. When Config.MaxOutstanding is zero it
+// defaults to 2×Workers×Batch.MaxSize here, so batches can fill. Run and
+// RunBatch may be called once between them, and not after Close.
+func (s *Subscriber) RunBatch(ctx context.Context, h BatchHandlerFunc) error {
+	if h == nil {
+		return fmt.Errorf("%w: nil batch handler", keyorder.ErrInvalidConfig)
+	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	if !s.outstandingAsked {
+		n := 2 * s.cfg.Workers * s.cfg.Batch.MaxSize
+		s.cfg.MaxOutstanding = n
+		s.tokens = make(chan struct{}, n)
+		s.acks = make(chan *item, n)
+	} else if s.cfg.MaxOutstanding < s.cfg.Batch.MaxSize {
+		s.cfg.Logger.Warn("keyorder: subscribe.Config.MaxOutstanding is below Batch.MaxSize; batches cannot fill and wait MaxWait",
+			"max_outstanding", s.cfg.MaxOutstanding, "max_size", s.cfg.Batch.MaxSize)
+	}
+	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
+		return s.handleBatch(ctx, h, it)
+	}, true)
+}
+
+// unbatch replaces each batch among its by the members it has not settled.
+func unbatch(its []*item) []*item {
+	var out []*item
+	for _, it := range its {
+		if it.batch == nil {
+			out = append(out, it)
+			continue
+		}
+		out = append(out, it.batch...)
+		it.batch = nil
+	}
+	return out
+}
+
+// batcher groups received messages into batches, one open batch per key,
+// and submits a batch to the lanes when it is full or its MaxWait has
+// passed. Every submission is made under mu, so a key's batches reach the
+// lanes in their order.
+type batcher struct {
+	s    *Subscriber
+	pool *lanes.Pool[*item]
+	ctx  context.Context
+	size int
+	wait time.Duration
+
+	mu      sync.Mutex
+	open    map[string]*item // the open batch of each key
+	queue   []*item          // open batches by due time; stale entries skipped
+	stopped bool
+
+	wake chan struct{}
+	quit chan struct{}
+	done chan struct{}
+}
+
+func newBatcher(s *Subscriber, pool *lanes.Pool[*item], ctx context.Context) *batcher {
+	b := &batcher{
+		s: s, pool: pool, ctx: ctx,
+		size: s.cfg.Batch.MaxSize, wait: s.cfg.Batch.MaxWait,
+		open: map[string]*item{},
+		wake: make(chan struct{}, 1),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	go b.loop()
+	return b
+}
+
+// errBatcherStopped: the batcher no longer submits; what it was given went
+// back to the broker.
+var errBatcherStopped = errors.New("subscribe: batcher stopped")
+
+// add puts a received item in its key's open batch, submitting the batch
+// when full. A keyless item, or one not due yet (a not-before time), is a
+// batch of its own, submitted at once after its key's open batch. On an
+// error the item and its batch have been given back to the broker.
+func (b *batcher) add(ctx context.Context, it *item) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		b.s.giveBack([]*item{it})
+		return errBatcherStopped
+	}
+	key := it.key
+	if key == "" || it.m.NotBefore.After(time.Now()) {
+		if o := b.open[key]; o != nil && key != "" {
+			delete(b.open, key)
+			if err := b.submit(ctx, o); err != nil {
+				b.s.giveBack([]*item{it})
+				return err
+			}
+		}
+		it.batch = []*item{it}
+		return b.submit(ctx, it)
+	}
+	o := b.open[key]
+	if o == nil {
+		it.batch = append(make([]*item, 0, min(b.size, 16)), it)
+		if b.size > 1 {
+			it.due = time.Now().Add(b.wait)
+			b.open[key] = it
+			b.queue = append(b.queue, it)
+			select {
+			case b.wake <- struct{}{}:
+			default:
+			}
+			return nil
+		}
+		return b.submit(ctx, it)
+	}
+	o.batch = append(o.batch, it)
+	if len(o.batch) >= b.size {
+		delete(b.open, key)
+		return b.submit(ctx, o)
+	}
+	return nil
+}
+
+// submit hands a batch to the lanes. Called with b.mu held. On failure (the
+// subscriber is stopping) the batch is given back and the batcher stops.
+func (b *batcher) submit(ctx context.Context, o *item) error {
+	if err := b.pool.SubmitFair(ctx, o.fair, o.key, o.key != "", o.m.NotBefore, o); err != nil {
+		b.stopped = true
+		b.s.giveBack(unbatch([]*item{o}))
+		return err
+	}
+	return nil
+}
+
+// flushAll submits every open batch, oldest first.
+func (b *batcher) flushAll(ctx context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, o := range b.queue {
+		if b.stopped {
+			break
+		}
+		if b.open[o.m.Key] == o {
+			delete(b.open, o.m.Key)
+			b.submit(ctx, o)
+		}
+	}
+	clear(b.queue)
+	b.queue = b.queue[:0]
+}
+
+// loop submits open batches whose MaxWait has passed.
+func (b *batcher) loop() {
+	defer close(b.done)
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	for {
+		b.mu.Lock()
+		now := time.Now()
+		var next time.Time
+		for len(b.queue) > 0 && !b.stopped {
+			o := b.queue[0]
+			if b.open[o.m.Key] != o {
+				b.queue[0] = nil
+				b.queue = b.queue[1:]
+				continue
+			}
+			if o.due.After(now) {
+				next = o.due
+				break
+			}
+			b.queue[0] = nil
+			b.queue = b.queue[1:]
+			delete(b.open, o.m.Key)
+			b.submit(b.ctx, o)
+		}
+		b.mu.Unlock()
+		if !next.IsZero() {
+			t.Reset(time.Until(next))
+		}
+		select {
+		case <-b.quit:
+			return
+		case <-b.wake:
+		case <-t.C:
+		}
+	}
+}
+
+// stop ends the batcher and returns the members of its open batches, never
+// started, for Run to give back after what the lanes held: on a broker that
+// redelivers in the order messages are given back (the Pub/Sub emulator),
+// a key's older messages must go back first.
+func (b *batcher) stop() []*item {
+	b.mu.Lock()
+	b.stopped = true
+	var its []*item
+	for _, o := range b.queue {
+		if b.open[o.m.Key] == o {
+			its = append(its, unbatch([]*item{o})...)
+		}
+	}
+	clear(b.open)
+	b.queue = nil
+	b.mu.Unlock()
+	close(b.quit)
+	<-b.done
+	return its
+}
+
+// handleBatch runs one batch on a lane and turns the batch handler's result
+// into each message's fate: those before the failed index are acknowledged,
+// the failed one gets its error's outcome (as handle would give it), and
+// those after it return to pending in their order. c carries the batch (see
+// item.batch).
+func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *item) lanes.Result {
+	run := make([]*item, 0, len(c.batch))
+	for k, it := range c.batch {
+		if it.parked {
+			s.unpark(it)
+		}
+		switch dn, undead := s.undead.get(it.m.ID); {
+		case it.lost.Load():
+			// The broker redelivers it: nothing behind it may run first.
+			s.cut(c.batch[k:])
+			c.batch = c.batch[:0]
+			return s.runBatch(ctx, h, c, run)
+		case s.acked.has(it.m.ID):
+			s.stats.Suppressed.Add(1)
+			s.acks <- it
+		case it.chain != nil && it.chain.broken.Load():
+			s.cut(c.batch[k:])
+			c.batch = c.batch[:0]
+			return s.runBatch(ctx, h, c, run)
+		case undead:
+			s.deadLetterAs(it, dn.reason, dn.attempts)
+		case it.attempt > s.cfg.Retry.MaxAttempts:
+			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
+		default:
+			run = append(run, it)
+		}
+	}
+	c.batch = c.batch[:0] // empty, not nil: c stays a batch (see unbatch)
+	return s.runBatch(ctx, h, c, run)
+}
+
+// cut gives back items that must not run now (the first was lost, or its
+// chain broken): the lost are dropped (the broker redelivers them), the
+// others released unhandled, and their chains broken.
+func (s *Subscriber) cut(its []*item) {
+	var back []*item
+	for _, it := range its {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		if it.lost.Load() {
+			s.drop(it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	s.giveBack(back)
+}
+
+// runBatch calls the handler with run (the batch's members left to run) and
+// settles them by its result.
+func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, run []*item) lanes.Result {
+	if len(run) == 0 {
+		return lanes.Done()
+	}
+	if r, wait := s.throttleN(run[0], len(run)); wait {
+		// Waits like a retry, the batch intact, counting no attempt.
+		c.batch = run
+		return r
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	for _, it := range run {
+		it.mu.Lock()
+		it.cancel = cancel
+		it.mu.Unlock()
+		if it.lost.Load() {
+			cancel()
+		}
+	}
+	ends, err := s.callBatch(hctx, h, run)
+	for _, it := range run {
+		it.mu.Lock()
+		it.cancel = nil
+		it.mu.Unlock()
+	}
+	cancel()
+	s.stats.Handled.Add(int64(len(run)))
+
+	i, cause := len(run), error(nil)
+	if err != nil {
+		i, cause = keyorder.BatchFailure(err)
+		i = min(i, len(run)-1)
+	}
+	for k, it := range run[:i] {
+		observed(ends[k], OutcomeAck, nil)
+		s.acked.add(it.m.ID)
+		s.stats.Acked.Add(1)
+		s.acks <- it
+	}
+	if err == nil {
+		return lanes.Done()
+	}
+	it, end, rest := run[i], ends[i], run[i+1:]
+	notRun := func() {
+		for _, e := range ends[i+1:] {
+			observed(e, OutcomeReleased, nil)
+		}
+	}
+	if it.lost.Load() {
+		observed(end, OutcomeLeaseLost, cause)
+		notRun()
+		s.drop(it)
+		s.cut(rest)
+		return lanes.Done()
+	}
+	if s.closing.Load() && ctx.Err() != nil {
+		// Cancelled by shutdown: not the messages' fault.
+		observed(end, OutcomeReleased, cause)
+		notRun()
+		s.cut(run[i:])
+		return lanes.Done()
+	}
+	var perm *keyorder.PermanentError
+	dead := ""
+	switch {
+	case errors.As(cause, &perm):
+		dead = cause.Error()
+	case it.attempt >= s.cfg.Retry.MaxAttempts:
+		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
+	}
+	if dead != "" {
+		observed(end, OutcomeDeadLetter, cause)
+		notRun()
+		s.deadLetter(it, dead)
+		if len(rest) == 0 {
+			return lanes.Done()
+		}
+		// The key continues with the message after it, before anything
+		// else of the key.
+		c.batch = rest
+		return lanes.RetryAt(time.Time{})
+	}
+	delay := s.cfg.Retry.Backoff(it.attempt)
+	var re *keyorder.RetryError
+	if errors.As(cause, &re) {
+		delay = re.After
+	}
+	observed(end, OutcomeRetry, cause)
+	notRun()
+	s.stats.Retried.Add(1)
+	s.cfg.Logger.Debug("keyorder: batch handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "index", i, "attempt", it.attempt, "delay", delay, "err", cause)
+	if s.caps.NativeHold {
+		// The broker holds the key: the failed message goes back with its
+		// delay, those behind it unhandled (and the rest of its chain,
+		// wherever it waits, when its turn comes).
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		m := it.m
+		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
+		s.cut(rest)
+		return lanes.Done()
+	}
+	// Hold in process: the failed message and those behind it stay in the
+	// lane as the batch, the key parked until the retry time.
+	it.attempt++
+	s.park(it)
+	c.batch = run[i:]
+	return lanes.RetryAt(time.Now().Add(delay))
+}
+
+// callBatch runs the batch handler, turning a panic into an error (which
+// fails the batch at index 0). ends[k] ends the observation of run[k]'s
+// attempt; nil without an observer. The handler's context is the one the
+// observer returned for the batch's first message.
+func (s *Subscriber) callBatch(ctx context.Context, h BatchHandlerFunc, run []*item) (ends []func(Outcome, error), err error) {
+	ds := make([]*keyorder.Delivery, len(run))
+	ends = make([]func(Outcome, error), len(run))
+	hctx := ctx
+	for k, it := range run {
+		ds[k] = s.delivery(it)
+		if s.cfg.Observer != nil {
+			var c context.Context
+			c, ends[k] = s.cfg.Observer.StartProcess(ctx, ds[k])
+			if k == 0 {
+				hctx = c
+			}
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.Panics.Add(1)
+			err = &keyorder.PanicError{Value: r, Stack: debug.Stack()}
+			s.cfg.Logger.Error("keyorder: batch handler panicked", "id", run[0].m.ID, "key", run[0].m.Key, "size", len(run), "panic", r)
+		}
+	}()
+	return ends, h(hctx, ds)
+}

@@ -1,0 +1,135 @@
+package subscribe_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// LaneKey refines the broker's group in process: on a broker that streams
+// a key (InProcess hold), a retry of account x holds only (tenant, x);
+// account y of the same tenant runs meanwhile, and each account keeps its
+// order.
+func TestLaneKeyRefinesTheBrokersGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		var mu sync.Mutex
+		var got []string
+		failed := false
+		start := time.Now()
+		_, stop := w.start(t, nil, &subscribe.Config{Workers: 2, LaneKey: keyorder.KeyFromHeaders("account")},
+			func(ctx context.Context, d *keyorder.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				got = append(got, d.ID+"@"+time.Since(start).String())
+				if d.ID == "x1" && !failed {
+					failed = true
+					return keyorder.RetryAfter(errors.New("later"), 10*time.Second)
+				}
+				return nil
+			})
+		defer stop()
+		for _, m := range [][2]string{{"x1", "x"}, {"x2", "x"}, {"y1", "y"}, {"y2", "y"}} {
+			if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: m[0], Key: "tenant", Payload: []byte(m[0]), Headers: map[string]string{"account": m[1]}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		var x, y []string
+		for _, g := range got {
+			if g[0] == 'x' {
+				x = append(x, g)
+			} else {
+				y = append(y, g)
+			}
+		}
+		if want := []string{"x1@0s", "x1@10s", "x2@10s"}; !slices.Equal(x, want) {
+			t.Fatalf("account x handled %v, want %v", x, want)
+		}
+		if want := []string{"y1@0s", "y2@0s"}; !slices.Equal(y, want) {
+			t.Fatalf("account y handled %v, want %v (not held by x's retry)", y, want)
+		}
+	})
+}
+
+func TestThrottleConfig(t *testing.T) {
+	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	for _, th := range []subscribe.Throttle{
+		{Rate: 1},
+		{By: subscribe.OrderingKey},
+		{By: subscribe.OrderingKey, Rate: -1},
+		{By: subscribe.OrderingKey, Rate: 1, Burst: -1},
+	} {
+		drv, err := w.b.SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := subscribe.New(drv, &subscribe.Config{Throttles: []subscribe.Throttle{th}}); !errors.Is(err, keyorder.ErrInvalidConfig) {
+			t.Errorf("Throttle %+v: %v, want ErrInvalidConfig", th, err)
+		}
+		drv.Close()
+	}
+}
+
+// With FairnessKey, a tenant with a backlog in process does not hold back
+// another tenant's message: it runs next, not last. Without, arrival order.
+func TestFairnessKeyServesTenantsInTurn(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "arrival", true: "fair"}[fair], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
+				for i := range 8 {
+					id := "big" + string(rune('0'+i))
+					if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: id, Payload: []byte(id),
+						Headers: map[string]string{keyorder.HeaderFairnessKey: "big"}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "small", Key: "s", Payload: []byte("small"),
+					Headers: map[string]string{keyorder.HeaderFairnessKey: "small"}}); err != nil {
+					t.Fatal(err)
+				}
+				var mu sync.Mutex
+				var got []string
+				gate := make(chan struct{})
+				cfg := &subscribe.Config{Workers: 1, MaxOutstanding: 100}
+				if fair {
+					cfg.FairnessKey = subscribe.FairnessKeyHeader
+				}
+				_, stop := w.start(t, nil, cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					got = append(got, d.ID)
+					first := len(got) == 1
+					mu.Unlock()
+					if first {
+						<-gate // until everything is in the lane
+					}
+					return nil
+				})
+				defer stop()
+				synctest.Wait()
+				close(gate)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				i := slices.Index(got, "small")
+				if len(got) != 9 || fair && i > 2 || !fair && i != 8 { // fair: within one round of the big tenant
+					t.Fatalf("handled %v: small at %d", got, i)
+				}
+			})
+		})
+	}
+}
