@@ -102,7 +102,7 @@ func Run(t *testing.T, h Harness) {
 				t.Skipf("not supported by this backend: %s", why)
 			}
 			if c.spec.Compaction && !caps.Compaction {
-				t.Skipf("not supported by this backend: %s", NoCompactionReason)
+				t.Fatalf("the harness neither offers compaction (Capabilities.Compaction) nor declares %s Unsupported with its reason", c.name)
 			}
 			body := func(t *testing.T) { c.run(newFixture(t, h, caps, c.spec)) }
 			if caps.FakeClock {

@@ -56,16 +56,10 @@ type Capabilities struct {
 	// Unsupported maps case names to the reason the backend cannot run them.
 	Unsupported map[string]string
 	// Compaction: the backend can create subscriptions with Spec.Compaction.
-	// Without it the cases that need compaction are skipped with the reason
-	// given in Unsupported, or NoCompactionReason.
+	// Without it the harness must declare the cases that need compaction
+	// in Unsupported, with its reason.
 	Compaction bool
 }
-
-// NoCompactionReason is why a backend without Capabilities.Compaction skips
-// the compaction cases when it gives no reason of its own.
-const NoCompactionReason = "the broker keeps every message until a consumer acknowledges it and offers no way to " +
-	"resolve a message that has not been delivered (Pub/Sub, SQS and Pulsar acknowledge only what they handed out), " +
-	"so a newer message cannot supersede an older one"
 
 // Harness creates topics and subscriptions on one backend.
 type Harness interface {

@@ -37,7 +37,7 @@ func uniqueID(prefix string) string {
 }
 
 func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: h.unsupported}
+	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: unsupportedWith(h.unsupported)}
 }
 
 func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
@@ -139,4 +139,19 @@ func TestConformancePstest(t *testing.T) {
 			"so 102 cannot arrive while 101 waits in process for its retry: on pstest Exclusive behaves as Ordered, " +
 			"which is stricter and still keeps at most one message of a key in flight",
 	}})
+}
+
+// noCompaction is why a Pub/Sub subscription cannot compact.
+const noCompaction = "a subscription removes a message only by acknowledging it, and only a message it has pulled can " +
+	"be acknowledged (there is no delete by key or by ID); the older messages of a key would have to " +
+	"be delivered to be dropped, which is delivery, not compaction. Pub/Sub has no per-key retention " +
+	"either (only a topic's or subscription's retention time)"
+
+// unsupportedWith returns m plus the compaction case (noCompaction).
+func unsupportedWith(m map[string]string) map[string]string {
+	out := map[string]string{"CompactionDeliversNewest": noCompaction}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }

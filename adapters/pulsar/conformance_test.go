@@ -46,7 +46,7 @@ func newClient(t testing.TB) gopulsar.Client {
 type harness struct{ client gopulsar.Client }
 
 func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond}
+	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
 }
 
 func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
@@ -72,3 +72,9 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 func TestConformance(t *testing.T) {
 	integration.Run(t, &harness{client: newClient(t)})
 }
+
+// noCompaction is why a Pulsar subscription cannot compact as keyorder means it.
+const noCompaction = "Pulsar's topic compaction (latest value per key) runs when triggered or over a size threshold, " +
+	"not when a key becomes free, and is read only with ReadCompacted on Exclusive or Failover " +
+	"subscriptions, while keyorder consumes with Key_Shared to keep keys on consumers; a Key_Shared " +
+	"consumer acknowledges only what it was delivered"
