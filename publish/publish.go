@@ -29,7 +29,8 @@
 // A key's messages published one after another with PublishAsync reach the
 // broker in that order, and what queues while a key's batch is in flight
 // goes in its next batch, so one goroutine can keep every key busy. Publish
-// is PublishAsync followed by Result.Get.
+// is PublishAsync followed by Result.Get. A key's first batch goes at once
+// unless Config.Linger asks it to wait for more of the key.
 //
 // Memory is bounded: Config.MaxOutstandingMessages and
 // Config.MaxOutstandingBytes limit the messages accepted and not yet
@@ -103,6 +104,15 @@ type Config struct {
 	SendRetries int
 	// Backoff spaces the retries. Defaults to policy.Retry defaults.
 	Backoff policy.Retry
+	// Linger is how long a key's first batch waits for more of the key's
+	// messages before it is sent, when the key has nothing in flight
+	// (later batches go as soon as the one before them is settled, with
+	// what queued meanwhile). It trades latency for fewer, fuller
+	// requests when many keys publish a few messages each through
+	// PublishAsync; a batch that reaches MaxBatch goes at once. Zero (the
+	// default) sends at once; a synchronous Publish on an idle key waits
+	// up to Linger too.
+	Linger time.Duration
 	// MaxOutstandingMessages is the most messages accepted (by PublishAsync,
 	// Publish or PublishBatch) and not yet settled, sent or failed. A
 	// publish that would exceed it blocks until earlier messages settle
@@ -158,6 +168,9 @@ func (c *Config) validate() error {
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("%w: publish.Config.MaxBatch must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxBatch)
 	}
+	if c.Linger < 0 {
+		return fmt.Errorf("%w: publish.Config.Linger must not be negative, got %v", keyorder.ErrInvalidConfig, c.Linger)
+	}
 	if err := c.Backoff.Validate(); err != nil {
 		return fmt.Errorf("%w: publish.Config.Backoff: %v", keyorder.ErrInvalidConfig, err)
 	}
@@ -187,6 +200,9 @@ type keyQueue struct {
 	pending []*request
 	batch   []*request          // the batch in flight
 	ms      []*adapters.Message // its messages, for the driver
+	// full is signalled (under Publisher.mu) when pending reaches
+	// MaxBatch while the sender lingers; nil otherwise.
+	full chan struct{}
 }
 
 // spareMax bounds the finished key queues kept for reuse.
@@ -431,6 +447,10 @@ func (p *Publisher) queueLocked(rs []*request) {
 			go p.sendKey(key, kq)
 		}
 		kq.pending = append(kq.pending, r)
+		if kq.full != nil && len(kq.pending) >= p.cfg.MaxBatch {
+			close(kq.full)
+			kq.full = nil
+		}
 	}
 	if len(keyless) > 0 {
 		p.senders.Add(1)
@@ -442,6 +462,9 @@ func (p *Publisher) queueLocked(rs []*request) {
 // left; at most one sendKey runs per key.
 func (p *Publisher) sendKey(key string, kq *keyQueue) {
 	defer p.senders.Done()
+	if p.cfg.Linger > 0 {
+		p.linger(kq)
+	}
 	settled, settledBytes := 0, 0 // finished, not yet released from flow
 	for {
 		p.mu.Lock()
@@ -506,6 +529,27 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		}
 		clear(batch)
 		p.cfg.Logger.Warn("keyorder: keyed publish failed", "key", key, "paused", !p.cfg.AutoResume, "err", err)
+	}
+}
+
+// linger waits up to Config.Linger for a key's first batch to fill.
+func (p *Publisher) linger(kq *keyQueue) {
+	p.mu.Lock()
+	if len(kq.pending) >= p.cfg.MaxBatch {
+		p.mu.Unlock()
+		return
+	}
+	full := make(chan struct{})
+	kq.full = full
+	p.mu.Unlock()
+	t := time.NewTimer(p.cfg.Linger)
+	select {
+	case <-full:
+		t.Stop()
+	case <-t.C:
+		p.mu.Lock()
+		kq.full = nil
+		p.mu.Unlock()
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,6 +33,9 @@ const (
 	modeAsync   = "PublishAsync" // one goroutine, every message in order, then every Result
 )
 
+// linger is publish.Config.Linger for every keyorder system (-linger).
+var linger = flag.Duration("linger", 0, "publish.Config.Linger of keyorder's publishers (0: send at once)")
+
 // koTuning is per-backend tuning of keyorder's portable layer.
 type koTuning struct {
 	publish   publish.Config
@@ -55,6 +59,7 @@ func koSystems(f koFactory, t koTuning) []system {
 				}
 				pc := t.publish
 				pc.Logger = quiet()
+				pc.Linger = *linger
 				p, err := d.openPub(ctx, &pc)
 				if err != nil {
 					d.cleanup()
