@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -379,4 +380,19 @@ func counts(s *subscribe.Subscriber) subscribe.Stats {
 	defer cancel()
 	st, _ := s.Stats(ctx)
 	return st
+}
+
+// wantOneDeadLetter checks, after the group order was checked, that the
+// subscription holds exactly one dead letter: payload, dead after one
+// attempt with a reason containing reason. A backend that cannot list dead
+// letters skips the rest of the case.
+func (f *fixture) wantOneDeadLetter(sub *subscribe.Subscriber, payload, reason string) {
+	f.t.Helper()
+	dl, err := sub.DeadLetters(f.ctx, 10)
+	if errors.Is(err, keyorder.ErrUnsupported) {
+		f.t.Skipf("group order checked; listing dead letters is not supported by this backend (%v)", err)
+	}
+	if err != nil || len(dl) != 1 || string(dl[0].Message.Payload) != payload || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, reason) {
+		f.t.Fatalf("dead letters = %+v, %v; want %s with its reason and 1 attempt", dl, err, payload)
+	}
 }
