@@ -45,8 +45,15 @@ type item struct {
 	// has returned.
 	round chan struct{}
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// cancel cancels the running batch attempt (RunBatch), hctx the
+	// running Run attempt; nil when none runs.
 	cancel context.CancelFunc
+	hctx   *attemptCtx
+	// actx is the first Run attempt's context (attemptCtx); later
+	// attempts get their own, since a handler may keep the one it was
+	// given.
+	actx attemptCtx
 
 	// d is the first attempt's Delivery, allocated with the item; later
 	// attempts get their own, since a handler may keep the one it was given.
