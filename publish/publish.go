@@ -197,6 +197,12 @@ type Publisher struct {
 }
 
 type keyQueue struct {
+	// key is the key being sent (set under Publisher.mu before send
+	// starts); send runs p.sendKey(key, kq). It is built once per
+	// keyQueue, which is reused through Publisher.spare, so starting a
+	// sender (go kq.send()) allocates no closure per message.
+	key     string
+	send    func()
 	pending []*request
 	batch   []*request          // the batch in flight
 	ms      []*adapters.Message // its messages, for the driver
@@ -440,11 +446,12 @@ func (p *Publisher) queueLocked(rs []*request) {
 				p.spare[n-1] = nil
 				p.spare = p.spare[:n-1]
 			} else {
-				kq = &keyQueue{}
+				kq = p.newKeyQueue()
 			}
+			kq.key = key
 			p.keys[key] = kq
 			p.senders.Add(1)
-			go p.sendKey(key, kq)
+			go kq.send()
 		}
 		kq.pending = append(kq.pending, r)
 		if kq.full != nil && len(kq.pending) >= p.cfg.MaxBatch {
@@ -456,6 +463,13 @@ func (p *Publisher) queueLocked(rs []*request) {
 		p.senders.Add(1)
 		go p.sendKeyless(keyless)
 	}
+}
+
+// newKeyQueue returns a new keyQueue with its send func built.
+func (p *Publisher) newKeyQueue() *keyQueue {
+	kq := &keyQueue{}
+	kq.send = func() { p.sendKey(kq.key, kq) }
+	return kq
 }
 
 // sendKey sends a key's queued requests one batch at a time until none is
@@ -475,6 +489,7 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		if len(kq.pending) == 0 {
 			delete(p.keys, key)
 			if len(p.spare) < spareMax {
+				kq.key = ""
 				kq.pending = kq.pending[:0]
 				p.spare = append(p.spare, kq)
 			}

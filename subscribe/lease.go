@@ -94,6 +94,9 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 			if it.cancel != nil {
 				it.cancel()
 			}
+			if it.hctx != nil {
+				it.hctx.cancel()
+			}
 			it.mu.Unlock()
 		}
 	}

@@ -51,18 +51,24 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if r, wait := s.throttle(it); wait {
 		return r
 	}
-	hctx, cancel := context.WithCancel(ctx)
+	// The attempt's context, cancelled when it ends or its lease is lost
+	// (see attemptCtx); the first attempt's comes with the item.
+	hctx := &it.actx
+	if hctx.parent != nil {
+		hctx = new(attemptCtx)
+	}
+	hctx.parent = ctx
 	it.mu.Lock()
-	it.cancel = cancel
+	it.hctx = hctx
 	it.mu.Unlock()
 	if it.lost.Load() {
-		cancel()
+		hctx.cancel()
 	}
 	end, err := s.call(hctx, h, it)
 	it.mu.Lock()
-	it.cancel = nil
+	it.hctx = nil
 	it.mu.Unlock()
-	cancel()
+	hctx.cancel()
 	s.stats.Handled.Add(1)
 
 	if err == nil {

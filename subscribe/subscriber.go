@@ -39,6 +39,7 @@ type Subscriber struct {
 	// process on a time holds the key's later messages in process too.
 	holdKeys bool
 	seq      uint64 // receive order; pump only
+	items    []item // the rest of the pump's current item slab (newItem); pump only
 
 	mu          sync.Mutex
 	outstanding map[*item]struct{}

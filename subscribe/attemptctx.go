@@ -1,0 +1,73 @@
+package subscribe
+
+// This file: the context one handler attempt runs with, built only when
+// used.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// attemptCtx is the context a Run handler attempt is given: what
+// context.WithCancel(parent) would return, cancelled when the attempt ends
+// or its lease is lost, except that the real WithCancel context is only
+// created the first time something looks at it (Done, Err, Value, String).
+// A handler that never touches its ctx, the common fast handler, then costs
+// no context allocation at all; the first attempt's attemptCtx is part of
+// its item.
+//
+// Every method but Deadline answers from the real context, so Done, Err,
+// context.Cause, derived contexts and AfterFunc behave exactly as with
+// WithCancel. Built after the attempt was cancelled (say a handler that
+// kept ctx reads it later), the real context is cancelled at once, so the
+// caller sees it cancelled, as it would have been. Deadline is the
+// parent's either way, as a WithCancel context's is.
+//
+// An attemptCtx serves one attempt only: a handler may keep its ctx, which
+// must stay cancelled, so a later attempt gets a new one.
+type attemptCtx struct {
+	parent context.Context
+
+	ready atomic.Bool     // real is set; read it without mu
+	mu    sync.Mutex      // guards the fields below while !ready
+	real  context.Context // the WithCancel context, once built
+	stop  context.CancelFunc
+	ended bool // cancel was called
+}
+
+func (c *attemptCtx) ctx() context.Context {
+	if c.ready.Load() {
+		return c.real
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.real == nil {
+		c.real, c.stop = context.WithCancel(c.parent)
+		if c.ended {
+			c.stop()
+		}
+		c.ready.Store(true)
+	}
+	return c.real
+}
+
+// cancel ends the attempt's context (as its CancelFunc would); it may be
+// called more than once and from any goroutine.
+func (c *attemptCtx) cancel() {
+	c.mu.Lock()
+	c.ended = true
+	stop := c.stop
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *attemptCtx) Done() <-chan struct{}       { return c.ctx().Done() }
+func (c *attemptCtx) Err() error                  { return c.ctx().Err() }
+func (c *attemptCtx) Value(key any) any           { return c.ctx().Value(key) }
+func (c *attemptCtx) String() string              { return fmt.Sprint(c.ctx()) }
