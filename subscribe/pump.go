@@ -65,26 +65,13 @@ type item struct {
 // native-hold broker; when one fails under Ordered the rest go back.
 type chain struct{ broken atomic.Bool }
 
-// itemSlab is how many items newItem allocates at once.
+// itemSlab is how many items the pump allocates at once (Subscriber.items).
+// Items are never reused: an item lives as long as anything reaches it (a
+// lane, the acker, a handler that kept its Delivery or ctx, both part of
+// the item). One long-lived item (a Delivery a handler keeps, a message
+// held for a retry) keeps up to itemSlab-1 finished neighbours, and the
+// messages they point to, from being freed with it (see internal/slab).
 const itemSlab = 8
-
-// newItem returns a zero item for a received message. Items are allocated
-// itemSlab at a time and handed out one by one, never reused: an item
-// lives as long as anything reaches it (a lane, the acker, a handler that
-// kept its Delivery or ctx, both part of the item), like one allocated
-// alone. The cost is memory, not safety: the GC frees a slab only when
-// none of its items is reachable, so one long-lived item (a Delivery a
-// handler keeps, a message held for a retry) keeps up to itemSlab-1
-// finished neighbours, and the messages they point to, from being freed
-// with it. Called by the pump only.
-func (s *Subscriber) newItem() *item {
-	if len(s.items) == 0 {
-		s.items = make([]item, itemSlab)
-	}
-	it := &s.items[0]
-	s.items = s.items[1:]
-	return it
-}
 
 // pump receives messages and submits them to the lanes until ctx ends or a
 // permanent error occurs.
@@ -143,7 +130,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 		var prev *item
 		for i, m := range ms {
 			s.seq++
-			it := s.newItem()
+			it := s.items.Next()
 			it.m, it.attempt, it.hasToken, it.seq = m, max(m.Attempt, 1), i < n, s.seq
 			s.classify(it)
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -38,8 +39,8 @@ type Subscriber struct {
 	// holdKeys: Ordered without native hold, so a key whose head waits in
 	// process on a time holds the key's later messages in process too.
 	holdKeys bool
-	seq      uint64 // receive order; pump only
-	items    []item // the rest of the pump's current item slab (newItem); pump only
+	seq      uint64          // receive order; pump only
+	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
 
 	mu          sync.Mutex
 	outstanding map[*item]struct{}
@@ -122,6 +123,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:      make(chan struct{}, c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
+		items:       slab.New[item](itemSlab),
 		holds:       map[string]*keyHold{},
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),

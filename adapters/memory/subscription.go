@@ -10,6 +10,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/internal/groupq"
+	"github.com/keyorder/keyorder/internal/slab"
 )
 
 // entry is one message on one subscription.
@@ -78,13 +79,14 @@ type subscription struct {
 	pending []*entry
 	keys    map[string]*ikey
 
-	slab []entry // see newEntry
+	entries slab.Slab[entry] // entrySlab at a time; s.mu held
 }
 
 func newSubscription(name, topic string, cfg SubscriptionConfig) *subscription {
 	s := &subscription{
 		name: name, topic: topic, cfg: cfg,
-		leases: map[uint64]*lease{},
+		leases:  map[uint64]*lease{},
+		entries: slab.New[entry](entrySlab),
 	}
 	if cfg.Hold == Native {
 		s.q = groupq.New[*entry](cfg.Ordering)
@@ -147,7 +149,7 @@ func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, m := range ms {
-		e := s.newEntry()
+		e := s.entries.Next()
 		e.msg = adapters.Message{
 			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers,
 			NotBefore: m.NotBefore, PublishTime: now,
@@ -157,21 +159,11 @@ func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
 	s.signal()
 }
 
-// entrySlab is how many entries one allocation holds.
+// entrySlab is how many entries one allocation holds. Entries are
+// allocated entrySlab at a time (a publisher often hands over one message
+// per call): a slab's memory, and the payloads of its settled entries, live
+// until none of its entries is referenced any more (see internal/slab).
 const entrySlab = 64
-
-// newEntry returns a zero entry cut from the current slab; s.mu is held.
-// Entries are allocated entrySlab at a time (a publisher often hands over
-// one message per call): a slab's memory, and the payloads of its settled
-// entries, live until none of its entries is referenced any more.
-func (s *subscription) newEntry() *entry {
-	if len(s.slab) == 0 {
-		s.slab = make([]entry, entrySlab)
-	}
-	e := &s.slab[0]
-	s.slab = s.slab[1:]
-	return e
-}
 
 func (s *subscription) add(e *entry) {
 	if s.q != nil {
