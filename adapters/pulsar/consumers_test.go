@@ -102,8 +102,15 @@ func newInFlight() *inFlight {
 // every consumer, when the topic is unloaded), for every key's trail.
 func (f *inFlight) consumerRemoved(keys int, format string, args ...any) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.removedAt = time.Now()
+	f.mu.Unlock()
+	f.noteAll(keys, format, args...)
+}
+
+// noteAll records an event in the trail of every key k0..k<keys-1>.
+func (f *inFlight) noteAll(keys int, format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for k := range keys {
 		f.noteLocked("k"+strconv.Itoa(k), format, args...)
 	}
@@ -115,13 +122,7 @@ func (f *inFlight) consumerRemoved(keys int, format string, args ...any) {
 // fails the test.
 const brokerRaceWindow = 10 * time.Second
 
-// note records an event of key for the failure message.
-func (f *inFlight) note(key, format string, args ...any) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.noteLocked(key, format, args...)
-}
-
+// noteLocked records an event of key for the failure message; f.mu is held.
 func (f *inFlight) noteLocked(key, format string, args ...any) {
 	f.trail[key] = append(f.trail[key], fmt.Sprintf("%6.3fs ", time.Since(f.t0).Seconds())+fmt.Sprintf(format, args...))
 }
@@ -368,13 +369,9 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 		go func() {
 			defer close(p.done)
 			sub.Run(rctx, f.handler(name, 5*time.Millisecond))
-			for k := range keys {
-				f.note("k"+strconv.Itoa(k), "%s stopped; closing its consumer", name)
-			}
+			f.noteAll(keys, "%s stopped; closing its consumer", name)
 			drv.Close()
-			for k := range keys {
-				f.note("k"+strconv.Itoa(k), "%s consumer closed", name)
-			}
+			f.noteAll(keys, "%s consumer closed", name)
 		}()
 		t.Cleanup(func() { cancel(); <-p.done })
 		return p
@@ -401,9 +398,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	wg.Wait()
 	waitFor(t, 60*time.Second, "a third handled", func() bool { return f.count() >= keys*perKey/3 })
 	start() // a third consumer joins
-	for k := range keys {
-		f.note("k"+strconv.Itoa(k), "c3 joined")
-	}
+	f.noteAll(keys, "c3 joined")
 	waitFor(t, 60*time.Second, "two thirds handled", func() bool { return f.count() >= 2*keys*perKey/3 })
 	// The first leaves gracefully: running handlers finish, what it holds
 	// returns to the broker when it disconnects.
@@ -469,9 +464,7 @@ func TestConsumersChurn(t *testing.T) {
 		}
 		cancel()
 		<-old.done
-		for k := range keys {
-			f.note("k"+strconv.Itoa(k), "%s left", old.name)
-		}
+		f.noteAll(keys, "%s left", old.name)
 	}
 	waitFor(t, 60*time.Second, "every message handled", func() bool { return f.complete(keys, perKey) })
 	f.check(t, keys, perKey)
