@@ -91,16 +91,26 @@ func KeyFromHeaders(names ...string) KeyFunc {
 }
 
 // JoinKey encodes parts as one ordering key, unambiguously: each part has
-// '%' replaced by "%25" and '/' by "%2F", and the parts are joined with
-// '/'. Different part lists never give the same key (("a/b") and ("a",
-// "b") give "a%2Fb" and "a/b"), a key of plain parts stays readable
-// ("tenant-7/acct-42"), and SplitKey recovers the parts. A single part
-// without '%' or '/' is its own key.
+// '%' replaced by "%25" and '/' by "%2F", an empty part is written as a
+// lone "%", and the parts are joined with '/'. No part is ever written
+// empty, so the empty list (no parts) alone gives "" (no key): JoinKey()
+// is "" and JoinKey("") is "%". Different part lists never give the same
+// key (("a/b") and ("a", "b") give "a%2Fb" and "a/b"; ("") and ("", "")
+// give "%" and "%/%"), a key of plain parts stays readable
+// ("tenant-7/acct-42"), and SplitKey recovers the parts. A single
+// non-empty part without '%' or '/' is its own key.
+//
+// The lone "%" is not a percent escape, so a URL unescaper fails on it
+// rather than misread it; decode with SplitKey.
 func JoinKey(parts ...string) string {
 	var b strings.Builder
 	for i, p := range parts {
 		if i > 0 {
 			b.WriteByte('/')
+		}
+		if p == "" {
+			b.WriteByte('%')
+			continue
 		}
 		for j := 0; j < len(p); j++ {
 			switch c := p[j]; c {
@@ -119,12 +129,25 @@ func JoinKey(parts ...string) string {
 // ErrBadKeyEncoding reports a key SplitKey cannot decode.
 var ErrBadKeyEncoding = errors.New("keyorder: key is not a JoinKey encoding")
 
-// SplitKey returns the parts JoinKey encoded into key. It fails with an
-// error matching ErrBadKeyEncoding on an escape other than "%25" or "%2F".
+// SplitKey returns the parts JoinKey encoded into key; it is JoinKey's
+// exact inverse: SplitKey(JoinKey(parts...)) returns parts, and every key
+// SplitKey accepts is JoinKey of what it returns. The key "" gives no parts
+// (an empty, nil slice). It fails with an error matching ErrBadKeyEncoding
+// on a key JoinKey does not produce: an escape other than "%25" or "%2F"
+// (or a "%" that is not a whole part), or an empty part ("a//b", "a/").
 func SplitKey(key string) ([]string, error) {
+	if key == "" {
+		return nil, nil
+	}
 	parts := strings.Split(key, "/")
 	for i, p := range parts {
-		if strings.IndexByte(p, '%') < 0 {
+		switch {
+		case p == "":
+			return nil, fmt.Errorf("%w: part %d is empty (an empty part is written %%)", ErrBadKeyEncoding, i)
+		case p == "%":
+			parts[i] = ""
+			continue
+		case strings.IndexByte(p, '%') < 0:
 			continue
 		}
 		var b strings.Builder

@@ -3,13 +3,14 @@ package keyorder_test
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/keyorder/keyorder"
 )
 
 func TestJoinSplitKey(t *testing.T) {
-	cases := [][]string{{"a"}, {"a", "b"}, {"a/b"}, {"a%2Fb"}, {"", ""}, {"%", "/", "%25"}, {"tenant-7", "acct-42"}}
+	cases := [][]string{{}, {""}, {"a"}, {"a", "b"}, {"a/b"}, {"a%2Fb"}, {"", ""}, {"a", ""}, {"", "a"}, {"%"}, {"%", "/", "%25"}, {"tenant-7", "acct-42"}}
 	seen := map[string][]string{}
 	for _, parts := range cases {
 		k := keyorder.JoinKey(parts...)
@@ -25,9 +26,74 @@ func TestJoinSplitKey(t *testing.T) {
 	if k := keyorder.JoinKey("tenant-7", "acct-42"); k != "tenant-7/acct-42" {
 		t.Fatalf("plain parts: %q", k)
 	}
-	if _, err := keyorder.SplitKey("a%2"); !errors.Is(err, keyorder.ErrBadKeyEncoding) {
-		t.Fatalf("bad escape: %v", err)
+	// No key is the empty list, a distinct key from the one empty part.
+	if k0, k1 := keyorder.JoinKey(), keyorder.JoinKey(""); k0 != "" || k0 == k1 {
+		t.Fatalf("JoinKey() = %q, JoinKey(\"\") = %q; want \"\" and a different key", k0, k1)
 	}
+	for _, bad := range []string{"a%2", "%%", "a%", "%a", "a%2f", "/", "a/", "/a", "a//b"} {
+		if parts, err := keyorder.SplitKey(bad); !errors.Is(err, keyorder.ErrBadKeyEncoding) {
+			t.Errorf("SplitKey(%q) = %q, %v; want ErrBadKeyEncoding", bad, parts, err)
+		}
+	}
+}
+
+// TestJoinKeyInjective: every list of up to three parts over an alphabet
+// of awkward parts (empty, separators, escapes, what they decode to) has
+// its own key, and SplitKey returns exactly that list.
+func TestJoinKeyInjective(t *testing.T) {
+	alphabet := []string{"", "a", "b", "a/b", "/", "%", "%25", "%2F", "a%2Fb", "%/"}
+	var lists [][]string
+	var grow func(prefix []string, n int)
+	grow = func(prefix []string, n int) {
+		lists = append(lists, prefix)
+		if n == 0 {
+			return
+		}
+		for _, p := range alphabet {
+			grow(append(slices.Clip(prefix), p), n-1)
+		}
+	}
+	grow(nil, 3)
+	seen := make(map[string][]string, len(lists))
+	for _, parts := range lists {
+		k := keyorder.JoinKey(parts...)
+		if prev, dup := seen[k]; dup {
+			t.Fatalf("JoinKey(%q) = JoinKey(%q) = %q", parts, prev, k)
+		}
+		seen[k] = parts
+		if got, err := keyorder.SplitKey(k); err != nil || !slices.Equal(got, parts) || len(got) != len(parts) {
+			t.Fatalf("SplitKey(JoinKey(%q)) = %q, %v", parts, got, err)
+		}
+	}
+}
+
+// FuzzJoinSplitKey: SplitKey inverts JoinKey on any part list (parts are
+// data cut at 0xff bytes; empty says the list has no parts), and any key
+// SplitKey accepts is JoinKey of its parts, so the two are a bijection
+// between part lists and encodings: JoinKey is injective.
+func FuzzJoinSplitKey(f *testing.F) {
+	for _, seed := range []string{"", "a", "a/b", "a\xffb", "\xff", "%", "%25\xff%2F", "a//b", "%/%", "a%2"} {
+		f.Add(seed, false)
+	}
+	f.Add("", true)
+	f.Fuzz(func(t *testing.T, data string, empty bool) {
+		parts := strings.Split(data, "\xff")
+		if empty {
+			parts = nil
+		}
+		k := keyorder.JoinKey(parts...)
+		if got, err := keyorder.SplitKey(k); err != nil || len(got) != len(parts) || !slices.Equal(got, parts) {
+			t.Fatalf("SplitKey(JoinKey(%q)) = %q, %v", parts, got, err)
+		}
+		// data as a key: accepted only if it is an encoding, of its parts.
+		if got, err := keyorder.SplitKey(data); err == nil {
+			if back := keyorder.JoinKey(got...); back != data {
+				t.Fatalf("SplitKey(%q) = %q, but JoinKey of that is %q", data, got, back)
+			}
+		} else if !errors.Is(err, keyorder.ErrBadKeyEncoding) {
+			t.Fatalf("SplitKey(%q): %v", data, err)
+		}
+	})
 }
 
 func TestCompositeKey(t *testing.T) {
