@@ -74,15 +74,19 @@ type Config struct {
 
 	// LaneKey refines the broker's ordering groups in process: a keyed
 	// message's lane group is keyorder.JoinKey(its key, LaneKey's value),
-	// so two messages share a lane group only if they share the broker's
-	// group. It can only refine, never merge, because the broker orders
-	// and holds by its own key: messages of two broker groups may go to
-	// two processes, where no lane could order them. A refinement lets a
-	// broker group (a tenant, say) run its sub-groups (accounts)
+	// or keyorder.JoinKey(its key) when the value is missing (a missing
+	// part keeps the broker's group), so two messages share a lane group
+	// only if they share the broker's group: broker key "a/b" unrefined is
+	// lane "a%2Fb", never the lane "a/b" of broker key "a" refined by "b".
+	// The lane group is internal: the Delivery, throttles and logs see the
+	// broker's key. It can only refine, never merge, because the broker
+	// orders and holds by its own key: messages of two broker groups may go
+	// to two processes, where no lane could order them. A refinement lets
+	// a broker group (a tenant, say) run its sub-groups (accounts)
 	// concurrently on a broker that streams a key's messages (Pub/Sub,
-	// Pulsar); on brokers that hold a group natively it adds little. A
-	// missing part keeps the broker's key. Fixed for a subscription's life
-	// (see keyorder.KeyFunc). Nil means the broker's key.
+	// Pulsar); on brokers that hold a group natively it adds little. Fixed
+	// for a subscription's life (see keyorder.KeyFunc). Nil means the
+	// broker's key.
 	LaneKey keyorder.KeyFunc
 	// FairnessKey returns a message's fairness key (FairnessKeyHeader reads
 	// the portable header). With it, the lanes choose among fairness keys

@@ -31,6 +31,10 @@ func view(m *adapters.Message) keyorder.Message {
 }
 
 // classify sets an item's lane key and fairness key at receive.
+//
+// The lane key (item.key) is what the lanes and in-process holds group
+// by; it never leaves them: the Delivery, logs, throttles (OrderingKey)
+// and everything said to the broker use the broker's key (item.m.Key).
 func (s *Subscriber) classify(it *item) {
 	it.key = it.m.Key
 	if s.cfg.LaneKey == nil && s.cfg.FairnessKey == nil {
@@ -44,14 +48,20 @@ func (s *Subscriber) classify(it *item) {
 		return
 	}
 	// The lane key can only split the broker's group, never merge groups:
-	// it is the broker's key with the refinement appended, so two
-	// messages share a lane group only if they share a broker group.
+	// it is the JoinKey encoding of the broker's key alone, or of the
+	// broker's key and the refinement, and JoinKey gives different part
+	// lists different keys, so two messages share a lane group only if
+	// they share a broker group. (The broker's key itself would not do for
+	// the unrefined form: broker key "a/b" unrefined would share a lane
+	// with broker key "a" refined by "b".)
 	part, err := s.cfg.LaneKey(&v)
 	switch {
 	case err == nil && part != "":
 		it.key = keyorder.JoinKey(it.m.Key, part)
+		return
 	case err != nil && !errors.Is(err, keyorder.ErrMissingKey):
 		s.cfg.Logger.Warn("keyorder: subscribe.Config.LaneKey failed; the message keeps the broker's key", "id", it.m.ID, "key", it.m.Key, "err", err)
 	}
-	// A missing refinement keeps the broker's key: coarser, never wrong.
+	// A missing refinement keeps the broker's group: coarser, never wrong.
+	it.key = keyorder.JoinKey(it.m.Key)
 }

@@ -133,3 +133,59 @@ func TestFairnessKeyServesTenantsInTurn(t *testing.T) {
 		})
 	}
 }
+
+// The lane key never merges two broker groups: broker key "a/b" with no
+// refinement and broker key "a" refined by "b" are different lanes, so a
+// long retry of the first does not hold the second, on either hold shape;
+// each is delivered with its own broker key, and a throttle by
+// OrderingKey buckets by the broker's key.
+func TestLaneKeyDoesNotMergeBrokerGroups(t *testing.T) {
+	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
+		t.Run(map[memory.Hold]string{memory.InProcess: "inprocess", memory.Native: "native"}[hold], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold})
+				var mu sync.Mutex
+				var got []string
+				var throttled []string
+				failed := false
+				start := time.Now()
+				cfg := &subscribe.Config{Workers: 1, LaneKey: keyorder.KeyFromHeaders("account"),
+					Throttles: []subscribe.Throttle{{By: func(m *keyorder.Message) string {
+						mu.Lock()
+						throttled = append(throttled, m.Key)
+						mu.Unlock()
+						return subscribe.OrderingKey(m)
+					}, Rate: 1000, Burst: 1000}}}
+				_, stop := w.start(t, nil, cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					defer mu.Unlock()
+					got = append(got, d.ID+"("+d.Key+")@"+time.Since(start).String())
+					if d.ID == "unrefined" && !failed {
+						failed = true
+						return keyorder.RetryAfter(errors.New("later"), time.Hour)
+					}
+					return nil
+				})
+				defer stop()
+				if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "unrefined", Key: "a/b", Payload: []byte("1")}); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: "refined", Key: "a", Payload: []byte("2"),
+					Headers: map[string]string{"account": "b"}}); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if want := []string{"unrefined(a/b)@0s", "refined(a)@0s"}; !slices.Equal(got, want) {
+					t.Fatalf("handled %v, want %v: broker group a/b's retry held broker group a", got, want)
+				}
+				if want := []string{"a/b", "a"}; !slices.Equal(throttled, want) {
+					t.Fatalf("throttle saw keys %v, want the broker's %v", throttled, want)
+				}
+			})
+		})
+	}
+}
