@@ -24,17 +24,16 @@ type BatchError struct {
 
 // FailedAt returns a *BatchError: the messages of a batch before i
 // succeeded, message i failed with err, and those after i were not handled.
-// FailedAt(0, err) means the same as err. It panics if i is negative or err
-// is nil, both programmer errors. An i beyond the batch is taken as its last
-// message.
+// FailedAt(0, err) means the same as err. A negative i counts as 0: the
+// whole batch failed. An i beyond the batch is taken as its last message.
+//
+// It returns nil when err is nil, so `return keyorder.FailedAt(i, err)`
+// after a successful call acknowledges the whole batch.
 func FailedAt(i int, err error) error {
-	if i < 0 {
-		panic("keyorder.FailedAt: negative index")
-	}
 	if err == nil {
-		panic("keyorder.FailedAt: nil error")
+		return nil
 	}
-	return &BatchError{Index: i, Err: err}
+	return &BatchError{Index: max(i, 0), Err: err}
 }
 
 // Error implements error.

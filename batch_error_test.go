@@ -31,14 +31,17 @@ func TestFailedAt(t *testing.T) {
 	if i, cause := keyorder.BatchFailure(base); i != 0 || cause != base {
 		t.Fatalf("plain error: BatchFailure = %d, %v", i, cause)
 	}
-	for _, bad := range []func(){func() { keyorder.FailedAt(-1, base) }, func() { keyorder.FailedAt(0, nil) }} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Error("no panic")
-				}
-			}()
-			bad()
-		}()
+}
+
+// FailedAt never panics: a nil error is success (nil), a negative index is
+// the whole batch (index 0).
+func TestFailedAtEdges(t *testing.T) {
+	if err := keyorder.FailedAt(3, nil); err != nil {
+		t.Errorf("FailedAt(3, nil) = %v, want nil", err)
+	}
+	base := errors.New("boom")
+	var be *keyorder.BatchError
+	if err := keyorder.FailedAt(-1, base); !errors.As(err, &be) || be.Index != 0 || !errors.Is(err, base) {
+		t.Errorf("FailedAt(-1, err) = %#v, want index 0 wrapping err", err)
 	}
 }

@@ -102,12 +102,16 @@ type RetryError struct {
 
 // RetryAfter wraps err so that the message is retried not before d has
 // passed. Under Ordered the message's group is held for d; other groups are
-// not. The attempt counts towards MaxAttempts. It panics if d is negative.
+// not. The attempt counts towards MaxAttempts. A negative d (a time.Until
+// of a time already past) counts as 0: retry now, with no backoff.
+//
+// It returns nil when err is nil, so `return keyorder.RetryAfter(err, d)`
+// after a successful call acknowledges the message.
 func RetryAfter(err error, d time.Duration) error {
-	if d < 0 {
-		panic("keyorder.RetryAfter: negative duration")
+	if err == nil {
+		return nil
 	}
-	return &RetryError{Err: err, After: d}
+	return &RetryError{Err: err, After: max(d, 0)}
 }
 
 // Error implements error.
@@ -123,7 +127,15 @@ func (e *RetryError) Unwrap() error { return e.Err }
 type PermanentError struct{ Err error }
 
 // Permanent wraps err so that the message is dead-lettered at once.
-func Permanent(err error) error { return &PermanentError{Err: err} }
+//
+// It returns nil when err is nil, so `return keyorder.Permanent(err)` after
+// a successful call acknowledges the message.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
 
 // Error implements error.
 func (e *PermanentError) Error() string { return fmt.Sprintf("permanent: %v", e.Err) }

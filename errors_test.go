@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
@@ -114,5 +115,28 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	_, err = sub.DeadLetters(ctx, 10)
 	if err != nil {
 		check("DeadLetters closed", err, keyorder.ErrBackend, keyorder.CodeUnknown)
+	}
+}
+
+// Permanent and RetryAfter of a nil error are nil (success), and a
+// negative delay is clamped to 0 rather than panicking.
+func TestErrorWrappersOfNil(t *testing.T) {
+	if err := keyorder.Permanent(nil); err != nil {
+		t.Errorf("Permanent(nil) = %v, want nil", err)
+	}
+	if err := keyorder.RetryAfter(nil, time.Second); err != nil {
+		t.Errorf("RetryAfter(nil, 1s) = %v, want nil", err)
+	}
+	base := errors.New("boom")
+	var re *keyorder.RetryError
+	if err := keyorder.RetryAfter(base, time.Until(time.Now().Add(-time.Hour))); !errors.As(err, &re) || re.After != 0 || !errors.Is(err, base) {
+		t.Errorf("RetryAfter(err, -1h) = %#v, want After 0 wrapping err", err)
+	}
+	if err := keyorder.RetryAfter(base, time.Second); !errors.As(err, &re) || re.After != time.Second {
+		t.Errorf("RetryAfter(err, 1s) = %#v", err)
+	}
+	var pe *keyorder.PermanentError
+	if err := keyorder.Permanent(base); !errors.As(err, &pe) || !errors.Is(err, base) {
+		t.Errorf("Permanent(err) = %#v", err)
 	}
 }
