@@ -92,6 +92,10 @@ const (
 	Shared
 )
 
+// Valid reports whether a is ByKey or Shared. Config rejects any other
+// value.
+func (a Assignment) Valid() bool { return a == ByKey || a == Shared }
+
 // String returns "bykey" or "shared".
 func (a Assignment) String() string {
 	switch a {
@@ -177,9 +181,9 @@ func (c *Config) validate() error {
 	switch {
 	case c.Workers < 0:
 		return fmt.Errorf("lanes: Config.Workers must not be negative, got %d: %w", c.Workers, keyorder.ErrInvalidConfig)
-	case c.Assign != ByKey && c.Assign != Shared:
+	case !c.Assign.Valid():
 		return fmt.Errorf("lanes: Config.Assign: unknown assignment %d: %w", int(c.Assign), keyorder.ErrInvalidConfig)
-	case c.Ordering < policy.Parallel || c.Ordering > policy.Ordered:
+	case !c.Ordering.Valid():
 		return fmt.Errorf("lanes: Config.Ordering: unknown ordering %d: %w", int(c.Ordering), keyorder.ErrInvalidConfig)
 	case c.Capacity < 0:
 		return fmt.Errorf("lanes: Config.Capacity must not be negative, got %d: %w", c.Capacity, keyorder.ErrInvalidConfig)

@@ -46,6 +46,10 @@ func (o Ordering) String() string {
 	return fmt.Sprintf("Ordering(%d)", int(o))
 }
 
+// Valid reports whether o is one of Parallel, Exclusive and Ordered.
+// Configurations reject any other value.
+func (o Ordering) Valid() bool { return o >= Parallel && o <= Ordered }
+
 // Keyed reports whether the ordering constrains messages of one key.
 func (o Ordering) Keyed() bool { return o == Exclusive || o == Ordered }
 
@@ -88,6 +92,10 @@ func (m MissingKey) String() string {
 	}
 	return fmt.Sprintf("MissingKey(%d)", int(m))
 }
+
+// Valid reports whether m is one of DefaultMissingKey, Reject and
+// Unordered. Configurations reject any other value.
+func (m MissingKey) Valid() bool { return m >= DefaultMissingKey && m <= Unordered }
 
 // Resolve returns the effective policy for ordering o.
 func (m MissingKey) Resolve(o Ordering) MissingKey {

@@ -66,3 +66,26 @@ func TestRetryValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestValid(t *testing.T) {
+	for _, o := range []Ordering{Parallel, Exclusive, Ordered} {
+		if !o.Valid() {
+			t.Errorf("%v not valid", o)
+		}
+	}
+	for _, o := range []Ordering{-1, Ordered + 1, 99} {
+		if o.Valid() {
+			t.Errorf("%v valid", o)
+		}
+	}
+	for _, m := range []MissingKey{DefaultMissingKey, Reject, Unordered} {
+		if !m.Valid() {
+			t.Errorf("%v not valid", m)
+		}
+	}
+	for _, m := range []MissingKey{-1, Unordered + 1, 99} {
+		if m.Valid() {
+			t.Errorf("%v valid", m)
+		}
+	}
+}

@@ -165,6 +165,9 @@ func (c *Config) validate() error {
 	if c.KeyFunc != nil && c.Key != "" {
 		return fmt.Errorf("%w: publish.Config.Key and publish.Config.KeyFunc are both set; choose one key definition", keyorder.ErrInvalidConfig)
 	}
+	if !c.MissingKey.Valid() {
+		return fmt.Errorf("%w: publish.Config.MissingKey: unknown missing-key policy %d", keyorder.ErrInvalidConfig, int(c.MissingKey))
+	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("%w: publish.Config.MaxBatch must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxBatch)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -261,6 +262,12 @@ func TestConfigAndOpenErrors(t *testing.T) {
 	b := memory.NewBroker()
 	if _, err := publish.New(b.TopicDriver("t"), &publish.Config{MaxBatch: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("MaxBatch -1 = %v", err)
+	}
+	for _, mk := range []policy.MissingKey{99, -1} {
+		_, err := publish.New(b.TopicDriver("t"), &publish.Config{MissingKey: mk})
+		if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), "MissingKey") || !strings.Contains(err.Error(), fmt.Sprint(int(mk))) {
+			t.Errorf("MissingKey %d = %v, want ErrInvalidConfig naming the field and value", int(mk), err)
+		}
 	}
 	ctx := context.Background()
 	if _, err := publish.Open(ctx, "nats://x", nil); !errors.Is(err, keyorder.ErrUnknownScheme) {

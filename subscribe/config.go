@@ -136,6 +136,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: subscribe.Config.MaxOutstanding must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxOutstanding)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: subscribe.Config.ShutdownTimeout must not be negative", keyorder.ErrInvalidConfig)
+	case !c.Assign.Valid():
+		return fmt.Errorf("%w: subscribe.Config.Assign: unknown assignment %d", keyorder.ErrInvalidConfig, int(c.Assign))
 	}
 	if err := c.Batch.validate(); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -244,6 +246,12 @@ func TestRunMisuse(t *testing.T) {
 	drv, _ := w.b.SubscriptionDriver("s")
 	if _, err := subscribe.New(drv, &subscribe.Config{Workers: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("Workers -1 = %v", err)
+	}
+	for _, a := range []lanes.Assignment{7, -1} {
+		_, err := subscribe.New(drv, &subscribe.Config{Assign: a})
+		if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), "Assign") || !strings.Contains(err.Error(), fmt.Sprint(int(a))) {
+			t.Errorf("Assign %d = %v, want ErrInvalidConfig naming the field and value", int(a), err)
+		}
 	}
 	s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet})
 	if err != nil {

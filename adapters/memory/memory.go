@@ -189,8 +189,15 @@ func (b *Broker) topicLocked(name string, cfg *TopicConfig) *topic {
 // needed). Messages published before the subscription exists are not
 // delivered to it. Creating an existing subscription with the same
 // configuration is a no-op; with a different ordering or hold it fails.
+// An Ordering or Hold out of range fails with keyorder.ErrInvalidConfig.
 func (b *Broker) CreateSubscription(topicName, name string, cfg *SubscriptionConfig) error {
 	c := cfg.withDefaults()
+	switch {
+	case !c.Ordering.Valid():
+		return fmt.Errorf("%w: memory: SubscriptionConfig.Ordering: unknown ordering %d", keyorder.ErrInvalidConfig, int(c.Ordering))
+	case c.Hold != Native && c.Hold != InProcess:
+		return fmt.Errorf("%w: memory: SubscriptionConfig.Hold: unknown hold %d", keyorder.ErrInvalidConfig, int(c.Hold))
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if s, ok := b.subs[name]; ok {

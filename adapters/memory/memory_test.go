@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -255,5 +256,22 @@ func TestEarlierDeliveryCannotSettleALaterOne(t *testing.T) {
 				t.Fatalf("hold %v: a settled delivery was settled again", hold)
 			}
 		})
+	}
+}
+
+// An Ordering or Hold out of range is rejected with ErrInvalidConfig
+// naming the field, and no subscription is made.
+func TestCreateSubscriptionRejectsUnknownEnums(t *testing.T) {
+	b := memory.NewBroker()
+	for field, c := range map[string]*memory.SubscriptionConfig{
+		"Ordering": {Ordering: policy.Ordering(99)},
+		"Hold":     {Hold: memory.Hold(-1)},
+	} {
+		if err := b.CreateSubscription("t", "s", c); !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s out of range: %v, want ErrInvalidConfig naming it", field, err)
+		}
+		if _, err := b.SubscriptionDriver("s"); err == nil {
+			t.Errorf("%s out of range: the subscription was made", field)
+		}
 	}
 }

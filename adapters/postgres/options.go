@@ -149,6 +149,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("%w: postgres: Options.ChainLength %d must be in [1, 1000]", keyorder.ErrInvalidConfig, o.ChainLength)
 	case o.PollInterval < time.Millisecond:
 		return fmt.Errorf("%w: postgres: Options.PollInterval %v is below 1ms", keyorder.ErrInvalidConfig, o.PollInterval)
+	case !o.MissingKey.Valid():
+		return fmt.Errorf("%w: postgres: Options.MissingKey: unknown missing-key policy %d", keyorder.ErrInvalidConfig, int(o.MissingKey))
 	}
 	return o.Subscription.validate()
 }
@@ -176,7 +178,7 @@ func (s *SubscriptionOptions) conflicts(asked *SubscriptionOptions) bool {
 }
 
 func (s *SubscriptionOptions) validate() error {
-	if s.Ordering < policy.Parallel || s.Ordering > policy.Ordered {
+	if !s.Ordering.Valid() {
 		return fmt.Errorf("%w: postgres: SubscriptionOptions.Ordering %v", keyorder.ErrInvalidConfig, s.Ordering)
 	}
 	if s.Compaction && s.Ordering == policy.Ordered {
