@@ -28,6 +28,7 @@ while read -r pkg target; do
 		rc=1
 	fi
 done <<'TARGETS'
+. FuzzJoinSplitKey
 ./adapters/memory FuzzURL
 ./adapters/postgres FuzzURL
 ./adapters/pubsub FuzzURL
