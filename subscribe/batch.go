@@ -14,15 +14,20 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
 )
 
 // BatchHandlerFunc handles a batch: up to BatchConfig.MaxSize consecutive
 // messages of one ordering key, in their order (a keyless message comes in
 // a batch of its own). nil acknowledges them all. An error made with
 // keyorder.FailedAt(i, err) says that ds[:i] succeeded and ds[i] failed
-// with err; any other error fails the batch at index 0. See the package
-// documentation's Batches section. ds and its Deliveries are the handler's
-// to keep.
+// with err; any other error fails the batch at index 0, and so does a
+// *keyorder.BatchError whose Index is outside ds (its error then wraps
+// ErrBatchIndex and the BatchError's Err). The messages after i never ran:
+// they run next, before anything else of their key (under Exclusive and
+// Parallel at once, while only ds[i] waits for its retry; under Ordered
+// after ds[i]). See the package documentation's Batches section. ds and
+// its Deliveries are the handler's to keep.
 type BatchHandlerFunc func(ctx context.Context, ds []*keyorder.Delivery) error
 
 // Defaults for BatchConfig.
@@ -126,9 +131,12 @@ type batcher struct {
 	size int
 	wait time.Duration
 
-	mu      sync.Mutex
-	open    map[string]*item // the open batch of each key
-	queue   []*item          // open batches by due time; stale entries skipped
+	mu sync.Mutex
+	// open is the open batch of each lane key (item.key, the broker's key
+	// refined by Config.LaneKey): always look a batch up by o.key, never
+	// by o.m.Key.
+	open    map[string]*item
+	queue   []*item // open batches by due time; stale entries skipped
 	stopped bool
 
 	wake chan struct{}
@@ -148,6 +156,13 @@ func newBatcher(s *Subscriber, pool *lanes.Pool[*item], ctx context.Context) *ba
 	go b.loop()
 	return b
 }
+
+// ErrBatchIndex is wrapped in the error a batch's first message fails with
+// when the batch handler returned a *keyorder.BatchError whose Index is
+// outside the batch (negative, or not below the batch's length): the batch
+// fails at index 0, and the error also wraps the BatchError's Err, whose
+// meaning (RetryAfter, Permanent) still applies.
+var ErrBatchIndex = errors.New("subscribe: batch handler reported a failure at an index outside the batch")
 
 // errBatcherStopped: the batcher no longer submits; what it was given went
 // back to the broker.
@@ -218,8 +233,8 @@ func (b *batcher) flushAll(ctx context.Context) {
 		if b.stopped {
 			break
 		}
-		if b.open[o.m.Key] == o {
-			delete(b.open, o.m.Key)
+		if b.open[o.key] == o {
+			delete(b.open, o.key)
 			b.submit(ctx, o)
 		}
 	}
@@ -239,7 +254,7 @@ func (b *batcher) loop() {
 		var next time.Time
 		for len(b.queue) > 0 && !b.stopped {
 			o := b.queue[0]
-			if b.open[o.m.Key] != o {
+			if b.open[o.key] != o {
 				b.queue[0] = nil
 				b.queue = b.queue[1:]
 				continue
@@ -250,7 +265,7 @@ func (b *batcher) loop() {
 			}
 			b.queue[0] = nil
 			b.queue = b.queue[1:]
-			delete(b.open, o.m.Key)
+			delete(b.open, o.key)
 			b.submit(b.ctx, o)
 		}
 		b.mu.Unlock()
@@ -275,7 +290,7 @@ func (b *batcher) stop() []*item {
 	b.stopped = true
 	var its []*item
 	for _, o := range b.queue {
-		if b.open[o.m.Key] == o {
+		if b.open[o.key] == o {
 			its = append(its, unbatch([]*item{o})...)
 		}
 	}
@@ -362,6 +377,9 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		}
 	}
 	ends, err := s.callBatch(hctx, h, run)
+	// The batch's context was cancelled while the lane's was not: a
+	// member's lease was lost (keepLeases cancels the whole batch).
+	leaseCut := hctx.Err() != nil && ctx.Err() == nil
 	for _, it := range run {
 		it.mu.Lock()
 		it.cancel = nil
@@ -372,8 +390,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 
 	i, cause := len(run), error(nil)
 	if err != nil {
-		i, cause = keyorder.BatchFailure(err)
-		i = min(i, len(run)-1)
+		i, cause = s.batchFailure(err, run)
 	}
 	for k, it := range run[:i] {
 		observed(ends[k], OutcomeAck, nil)
@@ -399,6 +416,17 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 	}
 	if s.closing.Load() && ctx.Err() != nil {
 		// Cancelled by shutdown: not the messages' fault.
+		observed(end, OutcomeReleased, cause)
+		notRun()
+		s.cut(run[i:])
+		return lanes.Done()
+	}
+	if leaseCut {
+		// Cancelled because another member's lease was lost (it is not
+		// lost itself): not its fault either, so, as at shutdown, it and
+		// those behind it go back without counting an attempt, the lost
+		// ones dropped (the broker redelivers them, counted) and the
+		// others released, before the lost member's redelivery.
 		observed(end, OutcomeReleased, cause)
 		notRun()
 		s.cut(run[i:])
@@ -433,6 +461,25 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 	notRun()
 	s.stats.Retried.Add(1)
 	s.cfg.Logger.Debug("keyorder: batch handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "index", i, "attempt", it.attempt, "delay", delay, "err", cause)
+	if s.caps.Ordering != policy.Ordered && len(rest) > 0 {
+		// Exclusive (and Parallel): the failed message may be overtaken,
+		// but those behind it never ran and go on at once, as a batch of
+		// what is left, before anything else of the key (the lane item
+		// keeps its place). Only the failed message waits for its retry:
+		// Nacked with its delay where the broker holds the key (which it
+		// still does while the rest is leased), or as a lane item of its
+		// own, due then, where the process holds it.
+		if s.caps.NativeHold {
+			m := it.m
+			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
+		} else {
+			it.attempt++
+			s.park(it)
+			s.retryAside(it, time.Now().Add(delay))
+		}
+		c.batch = rest
+		return lanes.RetryAt(time.Time{})
+	}
 	if s.caps.NativeHold {
 		// The broker holds the key: the failed message goes back with its
 		// delay, those behind it unhandled (and the rest of its chain,
@@ -451,6 +498,51 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 	s.park(it)
 	c.batch = run[i:]
 	return lanes.RetryAt(time.Now().Add(delay))
+}
+
+// retryAside makes it, a failed member of a batch under Exclusive or
+// Parallel with in-process hold, a batch of its own (a new carrier) due at
+// at, while the rest of its batch goes on: later messages of its key may
+// run first, as they may overtake a failed single message. The Submit runs
+// off the lane, since it may wait for room that only the lane's workers
+// make; if the pool has closed meanwhile, it goes back to the broker as
+// the pool's leftovers do (Run waits for it through settling).
+func (s *Subscriber) retryAside(it *item, at time.Time) {
+	c := &item{key: it.key, fair: it.fair, batch: []*item{it}}
+	s.settling.Add(1)
+	go func() {
+		defer s.settling.Done()
+		if err := s.batcher.pool.SubmitFair(context.Background(), c.fair, c.key, c.key != "", at, c); err != nil {
+			s.giveBack([]*item{it})
+		}
+	}()
+}
+
+// batchFailure is keyorder.BatchFailure made safe for any error a batch
+// handler returns over run: where the batch failed and the failed
+// message's error. A *keyorder.BatchError whose Index is outside run
+// fails the batch at index 0 with ErrBatchIndex, wrapping the BatchError's
+// Err (so a RetryAfter or Permanent in it still decides); one with a nil
+// Err, or a nil *BatchError, fails with an error saying so.
+func (s *Subscriber) batchFailure(err error, run []*item) (int, error) {
+	var be *keyorder.BatchError
+	if !errors.As(err, &be) {
+		return 0, err
+	}
+	if be == nil {
+		// A nil *BatchError returned as an error: its Error would panic.
+		return 0, errors.New("subscribe: batch handler returned a nil *keyorder.BatchError")
+	}
+	i, cause := be.Index, be.Err
+	if cause == nil {
+		cause = fmt.Errorf("subscribe: batch handler returned a *keyorder.BatchError at index %d with a nil Err", i)
+	}
+	if i < 0 || i >= len(run) {
+		s.cfg.Logger.Error("keyorder: batch handler reported a failure at an index outside the batch; the batch fails at index 0",
+			"id", run[0].m.ID, "key", run[0].m.Key, "index", i, "size", len(run), "err", cause)
+		return 0, fmt.Errorf("%w: index %d of a batch of %d: %w", ErrBatchIndex, i, len(run), cause)
+	}
+	return i, cause
 }
 
 // callBatch runs the batch handler, turning a panic into an error (which

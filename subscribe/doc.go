@@ -84,12 +84,30 @@
 // keyorder.Permanent's dead letter, a dead letter when its attempts run
 // out), and ds[i+1:] return to pending in their order, ahead of anything
 // else of their key, their attempts not counted. Any other error, and a
-// panic, fail the batch at index 0. After a dead letter at i the key
-// continues at once with i+1. Where the process holds keys (no native
-// hold) the failed message and those behind it stay in the lane as one
-// batch until the retry time; where the broker holds them, the failed
-// message is Nacked with its delay and those behind it (and the rest of
-// their chain) are Released unrun.
+// panic, fail the batch at index 0, as does a *keyorder.BatchError whose
+// Index is outside the batch (negative, or not below len(ds)): that is
+// logged, and message 0's error wraps ErrBatchIndex and the BatchError's
+// Err, whose RetryAfter or Permanent still applies. After a dead letter at
+// i the key continues at once with i+1.
+//
+// After a retried failure at i under Ordered, where the process holds keys
+// (no native hold) the failed message and those behind it stay in the lane
+// as one batch until the retry time; where the broker holds them, the
+// failed message is Nacked with its delay and those behind it (and the
+// rest of their chain) are Released unrun, and the broker holds the key.
+// Under Exclusive and Parallel a failed message may be overtaken, but
+// those behind it in its batch never ran, so they do not wait for it: they
+// continue at once, as a batch of what is left, before anything else of
+// the key, while only message i waits for its retry (Nacked with its
+// delay where the broker holds keys, which it still does while the rest is
+// leased; as a batch of its own where the process holds them, which later
+// messages of its key may overtake).
+//
+// A member's lost lease cancels the batch's context. The lost member, and
+// those behind it, are dropped or released as at a lost lease of a single
+// message; a member before it that the cancelled handler then reports
+// failed is not at fault, so, as at shutdown, it goes back to the broker
+// without counting an attempt.
 //
 // Batches are assembled in process from what is received, one open batch
 // per key, by one goroutine, so a key's batches reach the lanes in order.
