@@ -25,7 +25,9 @@ type BatchError struct {
 // FailedAt returns a *BatchError: the messages of a batch before i
 // succeeded, message i failed with err, and those after i were not handled.
 // FailedAt(0, err) means the same as err. A negative i counts as 0: the
-// whole batch failed. An i beyond the batch is taken as its last message.
+// whole batch failed. An i beyond the batch is a handler bug: the subscriber
+// fails the batch at index 0 with an error matching subscribe.ErrBatchIndex
+// that wraps err (so a RetryAfter or Permanent inside still applies).
 //
 // It returns nil when err is nil, so `return keyorder.FailedAt(i, err)`
 // after a successful call acknowledges the whole batch.
@@ -47,10 +49,10 @@ func (e *BatchError) Unwrap() error { return e.Err }
 
 // BatchFailure returns where err says a batch failed and the error of the
 // failed message: the Index and Err of the first *BatchError in err's chain,
-// or 0 and err itself.
+// or 0 and err itself. A nil *BatchError in the chain counts as none.
 func BatchFailure(err error) (index int, cause error) {
 	var be *BatchError
-	if errors.As(err, &be) {
+	if errors.As(err, &be) && be != nil {
 		return be.Index, be.Err
 	}
 	return 0, err

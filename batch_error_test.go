@@ -45,3 +45,13 @@ func TestFailedAtEdges(t *testing.T) {
 		t.Errorf("FailedAt(-1, err) = %#v, want index 0 wrapping err", err)
 	}
 }
+
+// A nil *BatchError in an error's chain is no failure index: BatchFailure
+// must not crash on it (a handler bug, but never a process crash).
+func TestBatchFailureNilBatchError(t *testing.T) {
+	var be *keyorder.BatchError
+	var err error = be
+	if i, cause := keyorder.BatchFailure(err); i != 0 || cause != err {
+		t.Fatalf("BatchFailure(nil *BatchError) = %d, %v; want 0 and the error itself", i, cause)
+	}
+}
