@@ -111,6 +111,7 @@ func (a Assignment) String() string {
 // Result is Done.
 type Result struct {
 	retry bool
+	hold  bool
 	at    time.Time
 }
 
@@ -122,6 +123,13 @@ func Done() Result { return Result{} }
 // its key, which is held until then; under Exclusive and Parallel it waits
 // aside and later items of its key may run first. Other keys are never held.
 func RetryAt(t time.Time) Result { return Result{retry: true, at: t} }
+
+// WaitAt keeps an item that has not failed but may not run yet (a
+// throttled one) and delivers it again not before t. Unlike RetryAt it
+// keeps its key's order under Exclusive too: the item stays at the head of
+// its key, which is held until then, under Exclusive and Ordered (only a
+// failed item may be overtaken). Under Parallel it is RetryAt.
+func WaitAt(t time.Time) Result { return Result{retry: true, hold: true, at: t} }
 
 // Handler runs one item. key is "" and keyed false for keyless items. ctx is
 // the pool's context: it is cancelled when Close's deadline passes.
@@ -449,6 +457,7 @@ func (r Result) retryTime() time.Time {
 // settle records the handler's result for h, with l.mu held.
 func (l *lane[T]) settle(h groupq.Handle[T], r Result) {
 	if r.retry {
+		h.Item.Hold = r.hold
 		l.q.Retry(h, r.retryTime())
 	} else {
 		l.q.Done(h)
@@ -605,7 +614,7 @@ func (p *Pool[T]) workSingle(l *lane[T]) {
 		l.held.Store(0)
 		if r.retry {
 			it := batch[n-1]
-			it.At = r.retryTime()
+			it.At, it.Hold = r.retryTime(), r.hold
 			l.q.Push(it)
 		}
 		for i := len(batch) - 1; i >= n; i-- {

@@ -976,3 +976,50 @@ func matchModel(t *testing.T, o policy.Ordering, seed uint64) {
 		t.Fatalf("seed %d: pool made %d starts, model %d", seed, len(got), len(want))
 	}
 }
+
+// WaitAt keeps a key's order under Exclusive, where RetryAt lets later items
+// of the key run first; under both, other keys run meanwhile.
+func TestWaitAtHoldsKeyUnderExclusive(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		result func(time.Time) Result
+		want   []string
+	}{
+		{"RetryAt", RetryAt, []string{"a1", "b1", "a2", "a1"}},
+		{"WaitAt", WaitAt, []string{"a1", "b1", "a1", "a2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var got []string
+				first := true
+				p, err := New(&Config{Workers: 1, Ordering: policy.Exclusive}, func(ctx context.Context, key string, keyed bool, v string) Result {
+					mu.Lock()
+					defer mu.Unlock()
+					got = append(got, v)
+					if v == "a1" && first {
+						first = false
+						return tc.result(time.Now().Add(time.Second))
+					}
+					return Done()
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, it := range [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}} {
+					if err := p.Submit(context.Background(), it[0], true, time.Time{}, it[1]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				if _, err := p.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, tc.want) {
+					t.Fatalf("ran %v, want %v", got, tc.want)
+				}
+			})
+		})
+	}
+}

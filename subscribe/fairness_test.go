@@ -3,6 +3,7 @@ package subscribe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -184,6 +185,44 @@ func TestLaneKeyDoesNotMergeBrokerGroups(t *testing.T) {
 				}
 				if want := []string{"a/b", "a"}; !slices.Equal(throttled, want) {
 					t.Fatalf("throttle saw keys %v, want the broker's %v", throttled, want)
+				}
+			})
+		})
+	}
+}
+
+// A throttled message has not failed: under Exclusive, as under Ordered,
+// nothing of its key may overtake it while it waits for tokens. Seen by the
+// property test: a batch of two waiting for two tokens was overtaken by a
+// later batch of one, which needed only one.
+func TestThrottledBatchIsNotOvertakenUnderExclusive(t *testing.T) {
+	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
+		t.Run(fmt.Sprint(hold), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: hold, Chain: 2})
+				var got batchRec
+				_, stop := w.startBatch(t, &subscribe.Config{
+					Workers:   1,
+					Batch:     &subscribe.BatchConfig{MaxSize: 2, MaxWait: 10 * time.Millisecond},
+					Throttles: []subscribe.Throttle{{By: subscribe.OrderingKey, Rate: 1, Burst: 2}},
+				}, func(ctx context.Context, ds []*keyorder.Delivery) error {
+					got.add(ds)
+					return nil
+				})
+				defer stop()
+				for _, id := range []string{"a1", "a2", "a3", "a4"} {
+					w.publish(t, id, "A")
+				}
+				time.Sleep(1500 * time.Millisecond)
+				w.publish(t, "a5", "A")
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				var order []string
+				for _, b := range got.get() {
+					order = append(order, b...)
+				}
+				if want := []string{"a1@1", "a2@1", "a3@1", "a4@1", "a5@1"}; !slices.Equal(order, want) {
+					t.Fatalf("handled %v (batches %v), want %v", order, got.get(), want)
 				}
 			})
 		})

@@ -161,10 +161,11 @@ func (s *Subscriber) throttleN(it *item, n int) (lanes.Result, bool) {
 	if wait == 0 {
 		return lanes.Result{}, false
 	}
-	// Wait like a retry (same place in the lane, its key held under
-	// Ordered, its flow-control token given back), but not an attempt, and
-	// never handed back to a broker that holds groups natively.
+	// Wait at the head of its key (held under Exclusive too: the message
+	// has not failed, so nothing of its key may overtake it), its
+	// flow-control token given back; not an attempt, and never handed back
+	// to a broker that holds groups natively.
 	s.stats.Throttled.Add(1)
 	s.park(it)
-	return lanes.RetryAt(now.Add(wait)), true
+	return lanes.WaitAt(now.Add(wait)), true
 }

@@ -55,6 +55,13 @@ type Item[T any] struct {
 	// Fair is the fairness key, used by a queue made with NewFair; "" is a
 	// fairness key like any other.
 	Fair string
+	// Hold makes a keyed item waiting on At keep its place at the head of
+	// its group and hold the group until then under Exclusive too, as
+	// every waiting item does under Ordered. It is for an item that has
+	// not failed and only waits its turn (a throttled one): under
+	// Exclusive only a failed item may be overtaken by later ones.
+	// Ignored under Parallel, where items have no group.
+	Hold bool
 }
 
 // Handle identifies an item handed out by Pop until it is settled with Done,
@@ -283,7 +290,7 @@ func (q *Queue[T]) Push(it Item[T]) uint64 {
 // place files a waiting item where it belongs.
 func (q *Queue[T]) place(it Item[T]) {
 	switch {
-	case q.grouped(&it) && q.ordering == policy.Ordered:
+	case q.grouped(&it) && (q.ordering == policy.Ordered || it.Hold):
 		ks := q.keyState(it.Key)
 		ks.insert(it)
 		q.settle(ks, time.Time{})
@@ -470,7 +477,7 @@ func (q *Queue[T]) Retry(h Handle[T], at time.Time) {
 	h.Item.At = at
 	if h.ks != nil {
 		h.ks.inflight--
-		if q.ordering == policy.Ordered {
+		if q.ordering == policy.Ordered || h.Item.Hold {
 			h.ks.insert(h.Item)
 			q.settle(h.ks, time.Time{})
 			return
