@@ -111,7 +111,7 @@ type Config struct {
 	// requests when many keys publish a few messages each through
 	// PublishAsync; a batch that reaches MaxBatch goes at once. Zero (the
 	// default) sends at once; a synchronous Publish on an idle key waits
-	// up to Linger too.
+	// up to Linger too. Close ends every such wait at once.
 	Linger time.Duration
 	// MaxOutstandingMessages is the most messages accepted (by PublishAsync,
 	// Publish or PublishBatch) and not yet settled, sent or failed. A
@@ -190,6 +190,9 @@ type Publisher struct {
 	paused  map[string]error
 	flow    flow // outstanding messages and bytes, blocked publishes
 	senders sync.WaitGroup
+	// closing is closed when Close starts: a lingering first batch goes at
+	// once.
+	closing chan struct{}
 	stop    context.CancelFunc
 	ctx     context.Context
 
@@ -281,7 +284,8 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 	p := &Publisher{
 		drv: drv, cfg: c, limits: lim,
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
-		ctx: ctx, stop: stop,
+		closing: make(chan struct{}),
+		ctx:     ctx, stop: stop,
 	}
 	if c.Observer != nil {
 		p.unobserve = c.Observer.Attach(p)
@@ -547,7 +551,8 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 	}
 }
 
-// linger waits up to Config.Linger for a key's first batch to fill.
+// linger waits up to Config.Linger for a key's first batch to fill, or
+// until Close starts.
 func (p *Publisher) linger(kq *keyQueue) {
 	p.mu.Lock()
 	if len(kq.pending) >= p.cfg.MaxBatch {
@@ -561,11 +566,16 @@ func (p *Publisher) linger(kq *keyQueue) {
 	select {
 	case <-full:
 		t.Stop()
+		return
 	case <-t.C:
-		p.mu.Lock()
-		kq.full = nil
-		p.mu.Unlock()
+	case <-p.closing:
+		t.Stop()
 	}
+	p.mu.Lock()
+	if kq.full == full {
+		kq.full = nil
+	}
+	p.mu.Unlock()
 }
 
 // fitBytes shortens a batch to the backend's byte limit (at least one).
@@ -662,11 +672,13 @@ func (p *Publisher) ResumeAll() int {
 }
 
 // Close stops accepting messages (publishes blocked on the outstanding
-// limits fail with keyorder.ErrClosed, sending nothing), waits for queued
-// ones to be sent (until
-// ctx ends; then sends in progress are cancelled and every message not sent
-// fails with an error matching keyorder.ErrClosed) and closes the driver.
-// Publishing after Close returns keyorder.ErrClosed.
+// limits fail with keyorder.ErrClosed, sending nothing), sends what is
+// queued at once (a batch waiting out Config.Linger stops waiting), waits
+// for it to be sent until ctx ends (then sends in progress are cancelled
+// and every message not sent fails with an error matching
+// keyorder.ErrClosed, so none is lost silently) and closes the driver. It
+// returns ctx's error when ctx ended first. Publishing after Close returns
+// keyorder.ErrClosed.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed {
@@ -674,6 +686,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 		return keyorder.ErrClosed
 	}
 	p.closed = true
+	close(p.closing) // lingering batches go now
 	p.failWaitingLocked("", keyorder.ErrClosed)
 	p.mu.Unlock()
 	done := make(chan struct{})
