@@ -66,6 +66,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -197,7 +198,19 @@ type Publisher struct {
 	ctx     context.Context
 
 	unobserve func() // from Config.Observer.Attach
+
+	// payloads holds the copies of small payloads (payloadChunk bytes at a
+	// time), guarded by payloadsMu.
+	payloadsMu sync.Mutex
+	payloads   slab.Bytes
 }
+
+// payloadChunk is how many bytes of payload copies one allocation holds.
+// Publishes whose payloads are small (up to a quarter of it) share chunks,
+// so copying a payload seldom allocates; a chunk lives until none of the
+// messages cut from it is referenced (a kept Result references its
+// message).
+const payloadChunk = 4096
 
 type keyQueue struct {
 	// key is the key being sent (set under Publisher.mu before send
@@ -284,8 +297,9 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 	p := &Publisher{
 		drv: drv, cfg: c, limits: lim,
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
-		closing: make(chan struct{}),
-		ctx:     ctx, stop: stop,
+		closing:  make(chan struct{}),
+		payloads: slab.NewBytes(payloadChunk),
+		ctx:      ctx, stop: stop,
 	}
 	if c.Observer != nil {
 		p.unobserve = c.Observer.Attach(p)
@@ -298,7 +312,8 @@ func (p *Publisher) Limits() keyorder.Limits { return p.limits }
 
 // Publish sends one message and waits until the broker has it; it returns
 // the message's ID (m.ID, or the UUIDv7 assigned to the copy it sends when
-// m.ID is empty; m is never modified). It is PublishAsync followed by
+// m.ID is empty; m is never modified, and neither m nor its Payload or
+// Headers is retained once Publish returns, as PublishAsync describes). It is PublishAsync followed by
 // Result.Get: see them for the ordering and blocking rules. The error is
 // typed: a message that breaks a rule fails before anything is sent
 // (keyorder.ErrMissingKey, *keyorder.LimitError matching
@@ -316,7 +331,8 @@ func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) (string, e
 
 // PublishBatch publishes several messages and waits until the broker has
 // them (or they failed). It returns their IDs, ids[i] being ms[i]'s (as
-// Publish assigns them; ms is not modified). Every message is validated
+// Publish assigns them; ms is not modified nor retained: the messages
+// sent are copies, payloads included). Every message is validated
 // first: if one is invalid, nothing is sent, ids is nil and the error names
 // its index. The batch is admitted as one unit under the outstanding
 // limits. Messages of one key are sent in slice order; the error joins the
@@ -341,6 +357,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([
 		ptrs[i] = &reqs[i]
 		ids[i] = am.ID
 	}
+	p.ownPayloads(ptrs)
 	if p.cfg.Observer != nil {
 		if err := p.observe(ctx, ptrs); err != nil {
 			return nil, err
