@@ -23,7 +23,14 @@ type Message struct {
 	// Key is the ordering key. Empty means "resolve it": the partition-key
 	// header, then the publisher's fixed key; see publish.Config.
 	Key string
-	// Payload is the message body.
+	// Payload is the message body. Publishing does not retain it: the
+	// publisher sends a copy, taken before Publish, PublishAsync or
+	// PublishBatch returns, so the caller may reuse the buffer at once
+	// (Headers likewise). In a Delivery it is that delivery's own copy:
+	// the handler may modify it (or keep it), and the change reaches
+	// neither another subscription's delivery nor a later attempt of the
+	// message, whether the broker redelivers it or the subscriber retries
+	// it in process.
 	Payload []byte
 	// Headers are string attributes carried with the message.
 	Headers map[string]string
@@ -32,7 +39,10 @@ type Message struct {
 	NotBefore time.Time
 }
 
-// Delivery is one delivery of a message to a handler.
+// Delivery is one delivery of a message to a handler: one attempt. It is
+// the handler's to keep, and so are its Payload and Headers: each attempt
+// gets its own, so what a handler writes into them reaches no other
+// delivery, of this subscription (a retry) or of another.
 type Delivery struct {
 	// Message is the delivered message. Message.Key is the ordering key
 	// ("" for a keyless message) and is also in Headers[HeaderPartitionKey].

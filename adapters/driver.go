@@ -85,11 +85,16 @@ type Topic interface {
 	// share one Key, or all are keyless. SendBatch may be called
 	// concurrently, but never concurrently for the same key: the portable
 	// layer keeps one batch per key in flight, so a key's messages reach the
-	// broker in publish order. It must not retain ms or retry: on error the
-	// portable layer decides (IsRetryable) and, for a keyed batch, pauses the
-	// key. A batch is all-or-nothing as far as the broker allows; when a
-	// broker can fail part of a batch the driver returns an error for the
-	// whole batch (the messages may then be delivered twice, never lost).
+	// broker in publish order. It must not modify ms, nor retain ms, the
+	// messages, their payloads or headers maps once it returns: it copies
+	// what outlives the call, or serializes at send. (The Pub/Sub client
+	// library may still read a payload it had not sent when ctx ended; the
+	// portable publisher allows for that by sending its own copies.) It must
+	// not retry: on error the portable layer decides (IsRetryable) and, for a
+	// keyed batch, pauses the key. A batch is all-or-nothing as far as the
+	// broker allows; when a broker can fail part of a batch the driver
+	// returns an error for the whole batch (the messages may then be
+	// delivered twice, never lost).
 	SendBatch(ctx context.Context, ms []*Message) error
 	// Limits returns the backend's message limits.
 	Limits() Limits
@@ -119,7 +124,13 @@ type Subscription interface {
 	// Receive blocks until at least one message is available or ctx is done
 	// (then it returns ctx.Err()), and returns at most maxMessages. Messages
 	// of one group come in group order; consecutive messages of one group in
-	// a result form a chain that the portable layer runs in order.
+	// a result form a chain that the portable layer runs in order. Each
+	// message's Payload belongs to this delivery: writing into it must change
+	// neither a redelivery nor another subscription's delivery (a driver that
+	// decodes fresh bytes per receive has nothing to do; the memory driver
+	// copies). Payloads of one result may share a backing array, as a
+	// client library's batch buffer does; the portable layer copies where a
+	// handler could append across them.
 	Receive(ctx context.Context, maxMessages int) ([]*Message, error)
 	// Ack settles messages as done.
 	Ack(ctx context.Context, ms []*Message) error

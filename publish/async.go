@@ -65,8 +65,11 @@ func (r *Result) refuse(err error) *Result {
 // broker in the order PublishAsync accepted them, with one batch per key in
 // flight and what queued meanwhile batched behind it; a failed batch pauses
 // its key and fails everything queued behind it with an error matching
-// keyorder.ErrKeyPaused. m is not modified and not retained: a UUIDv7 is
-// assigned to the copy sent when m.ID is empty, and Result.Get returns it.
+// keyorder.ErrKeyPaused. m is not modified and not retained: the message
+// sent is a copy, with its own copy of the payload and of the headers map
+// taken before PublishAsync returns, so the caller may reuse m, its
+// Payload buffer and its Headers map at once; a UUIDv7 is assigned to the
+// copy when m.ID is empty, and Result.Get returns it.
 //
 // PublishAsync blocks only while the publisher holds
 // Config.MaxOutstandingMessages messages or Config.MaxOutstandingBytes bytes
@@ -88,6 +91,7 @@ func (p *Publisher) PublishAsync(ctx context.Context, m *keyorder.Message) *Resu
 	r.id = am.ID
 	r.req = request{m: am, size: msgSize(am), res: r}
 	r.one[0] = &r.req
+	p.ownPayloads(r.one[:])
 	if p.cfg.Observer != nil {
 		if err := p.observe(ctx, r.one[:]); err != nil {
 			return r.refuse(err)
@@ -232,4 +236,35 @@ func (p *Publisher) failWaitingLocked(key string, err error) {
 		return true
 	})
 	p.admitLocked()
+}
+
+// ownPayloads gives the driver messages of rs copies of the caller's
+// payloads, cut from one buffer, so that nothing the caller passed is
+// retained: a publish may return (PublishAsync at once, Publish and
+// PublishBatch when their context ends) while its messages wait to be sent,
+// and the caller may then reuse its buffers. Each copy's capacity is its
+// length, so the copies do not overlap. (adapters.Prepare already copied
+// the headers map.) Small buffers are cut from chunks shared by the
+// publisher's messages (see payloadChunk).
+func (p *Publisher) ownPayloads(rs []*request) {
+	total := 0
+	for _, r := range rs {
+		total += len(r.m.Payload)
+	}
+	var buf []byte
+	if total > 0 {
+		p.payloadsMu.Lock()
+		buf = p.payloads.Cut(total)
+		p.payloadsMu.Unlock()
+	}
+	for _, r := range rs {
+		pl := r.m.Payload
+		if len(pl) == 0 {
+			r.m.Payload = pl[:0:0] // nil stays nil, empty stays empty
+			continue
+		}
+		n := copy(buf, pl)
+		r.m.Payload = buf[:n:n]
+		buf = buf[n:]
+	}
 }

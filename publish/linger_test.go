@@ -76,3 +76,78 @@ func TestLingerNegative(t *testing.T) {
 		t.Fatalf("Linger -1s: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// Close ends a linger at once: what lingers is sent before Close returns,
+// well within Close's deadline (a Close that waited out the hour would
+// return the deadline's error), and nothing is lost.
+func TestCloseEndsLinger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, p, s := setup(t, &publish.Config{Linger: time.Hour})
+		ctx := context.Background()
+		r1 := p.PublishAsync(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")})
+		r2 := p.PublishAsync(ctx, &keyorder.Message{Key: "k", Payload: []byte("m2")})
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := p.Close(cctx); err != nil {
+			t.Fatalf("Close with a 1s deadline over a 1h linger = %v, want nil (sent at once)", err)
+		}
+		for _, r := range []*publish.Result{r1, r2} {
+			if !settled(r) {
+				t.Fatal("a lingering message was not settled when Close returned")
+			}
+			if _, err := r.Get(ctx); err != nil {
+				t.Fatalf("lingering message: %v", err)
+			}
+		}
+		if got := payloads(receiveAll(t, s)); !slices.Equal(got, []string{"m1", "m2"}) {
+			t.Fatalf("broker got %v, want [m1 m2]", got)
+		}
+	})
+}
+
+// When the send of what lingered does not finish before Close's deadline,
+// Close returns the deadline's error and the message's Result reports
+// ErrClosed: never a silent loss. The linger still ended when Close
+// started: the send began before any time passed.
+func TestCloseDeadlineDuringLingerFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _, s := setup(t, nil)
+		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		p, err := publish.New(g, &publish.Config{Linger: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		r := p.PublishAsync(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")})
+		synctest.Wait()
+		select {
+		case m := <-g.entered:
+			t.Fatalf("%s sent before Close while lingering", m)
+		default:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		closed := make(chan error, 1)
+		go func() { closed <- p.Close(cctx) }()
+		synctest.Wait()
+		select {
+		case <-g.entered:
+		default:
+			t.Fatal("Close started, yet the lingering batch was not sent")
+		}
+		if err := <-closed; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Close = %v, want DeadlineExceeded", err)
+		}
+		if !settled(r) {
+			t.Fatal("the message was not settled when Close returned")
+		}
+		if _, err := r.Get(ctx); !errors.Is(err, keyorder.ErrClosed) {
+			t.Fatalf("message unsent at Close's deadline = %v, want ErrClosed", err)
+		}
+		rctx, cancelReceive := context.WithTimeout(ctx, time.Second)
+		defer cancelReceive()
+		if got, _ := s.Receive(rctx, 10); len(got) != 0 {
+			t.Fatalf("broker got %v", payloads(got))
+		}
+	})
+}

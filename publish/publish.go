@@ -66,6 +66,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -111,7 +112,7 @@ type Config struct {
 	// requests when many keys publish a few messages each through
 	// PublishAsync; a batch that reaches MaxBatch goes at once. Zero (the
 	// default) sends at once; a synchronous Publish on an idle key waits
-	// up to Linger too.
+	// up to Linger too. Close ends every such wait at once.
 	Linger time.Duration
 	// MaxOutstandingMessages is the most messages accepted (by PublishAsync,
 	// Publish or PublishBatch) and not yet settled, sent or failed. A
@@ -193,11 +194,26 @@ type Publisher struct {
 	paused  map[string]error
 	flow    flow // outstanding messages and bytes, blocked publishes
 	senders sync.WaitGroup
+	// closing is closed when Close starts: a lingering first batch goes at
+	// once.
+	closing chan struct{}
 	stop    context.CancelFunc
 	ctx     context.Context
 
 	unobserve func() // from Config.Observer.Attach
+
+	// payloads holds the copies of small payloads (payloadChunk bytes at a
+	// time), guarded by payloadsMu.
+	payloadsMu sync.Mutex
+	payloads   slab.Bytes
 }
+
+// payloadChunk is how many bytes of payload copies one allocation holds.
+// Publishes whose payloads are small (up to a quarter of it) share chunks,
+// so copying a payload seldom allocates; a chunk lives until none of the
+// messages cut from it is referenced (a kept Result references its
+// message).
+const payloadChunk = 4096
 
 type keyQueue struct {
 	// key is the key being sent (set under Publisher.mu before send
@@ -284,7 +300,9 @@ func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
 	p := &Publisher{
 		drv: drv, cfg: c, limits: lim,
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
-		ctx: ctx, stop: stop,
+		closing:  make(chan struct{}),
+		payloads: slab.NewBytes(payloadChunk),
+		ctx:      ctx, stop: stop,
 	}
 	if c.Observer != nil {
 		p.unobserve = c.Observer.Attach(p)
@@ -297,7 +315,8 @@ func (p *Publisher) Limits() keyorder.Limits { return p.limits }
 
 // Publish sends one message and waits until the broker has it; it returns
 // the message's ID (m.ID, or the UUIDv7 assigned to the copy it sends when
-// m.ID is empty; m is never modified). It is PublishAsync followed by
+// m.ID is empty; m is never modified, and neither m nor its Payload or
+// Headers is retained once Publish returns, as PublishAsync describes). It is PublishAsync followed by
 // Result.Get: see them for the ordering and blocking rules. The error is
 // typed: a message that breaks a rule fails before anything is sent
 // (keyorder.ErrMissingKey, *keyorder.LimitError matching
@@ -315,7 +334,8 @@ func (p *Publisher) Publish(ctx context.Context, m *keyorder.Message) (string, e
 
 // PublishBatch publishes several messages and waits until the broker has
 // them (or they failed). It returns their IDs, ids[i] being ms[i]'s (as
-// Publish assigns them; ms is not modified). Every message is validated
+// Publish assigns them; ms is not modified nor retained: the messages
+// sent are copies, payloads included). Every message is validated
 // first: if one is invalid, nothing is sent, ids is nil and the error names
 // its index. The batch is admitted as one unit under the outstanding
 // limits. Messages of one key are sent in slice order; the error joins the
@@ -340,6 +360,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([
 		ptrs[i] = &reqs[i]
 		ids[i] = am.ID
 	}
+	p.ownPayloads(ptrs)
 	if p.cfg.Observer != nil {
 		if err := p.observe(ctx, ptrs); err != nil {
 			return nil, err
@@ -550,7 +571,8 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 	}
 }
 
-// linger waits up to Config.Linger for a key's first batch to fill.
+// linger waits up to Config.Linger for a key's first batch to fill, or
+// until Close starts.
 func (p *Publisher) linger(kq *keyQueue) {
 	p.mu.Lock()
 	if len(kq.pending) >= p.cfg.MaxBatch {
@@ -564,11 +586,16 @@ func (p *Publisher) linger(kq *keyQueue) {
 	select {
 	case <-full:
 		t.Stop()
+		return
 	case <-t.C:
-		p.mu.Lock()
-		kq.full = nil
-		p.mu.Unlock()
+	case <-p.closing:
+		t.Stop()
 	}
+	p.mu.Lock()
+	if kq.full == full {
+		kq.full = nil
+	}
+	p.mu.Unlock()
 }
 
 // fitBytes shortens a batch to the backend's byte limit (at least one).
@@ -665,11 +692,13 @@ func (p *Publisher) ResumeAll() int {
 }
 
 // Close stops accepting messages (publishes blocked on the outstanding
-// limits fail with keyorder.ErrClosed, sending nothing), waits for queued
-// ones to be sent (until
-// ctx ends; then sends in progress are cancelled and every message not sent
-// fails with an error matching keyorder.ErrClosed) and closes the driver.
-// Publishing after Close returns keyorder.ErrClosed.
+// limits fail with keyorder.ErrClosed, sending nothing), sends what is
+// queued at once (a batch waiting out Config.Linger stops waiting), waits
+// for it to be sent until ctx ends (then sends in progress are cancelled
+// and every message not sent fails with an error matching
+// keyorder.ErrClosed, so none is lost silently) and closes the driver. It
+// returns ctx's error when ctx ended first. Publishing after Close returns
+// keyorder.ErrClosed.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed {
@@ -677,6 +706,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 		return keyorder.ErrClosed
 	}
 	p.closed = true
+	close(p.closing) // lingering batches go now
 	p.failWaitingLocked("", keyorder.ErrClosed)
 	p.mu.Unlock()
 	done := make(chan struct{})

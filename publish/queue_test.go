@@ -166,3 +166,51 @@ func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Sub
 	}
 	return p, g, s, errs
 }
+
+// PublishAsync retains nothing of m: the caller may reuse the payload
+// buffer and the headers map once it returned, while the message still
+// waits to be sent, and the broker gets what was published.
+func TestPublishAsyncDoesNotRetainMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _, s := setup(t, nil)
+		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		p, err := publish.New(g, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close(context.Background())
+		ctx := context.Background()
+		first := p.PublishAsync(ctx, &keyorder.Message{Key: "k", Payload: []byte("m1")})
+		<-g.entered // m1 in flight: m2 queues behind it
+		buf := []byte("m2")
+		hs := map[string]string{"h": "v"}
+		batch := []*keyorder.Message{{Key: "k", Payload: []byte("m3")}, {Key: "k", Payload: []byte("m4")}}
+		second := p.PublishAsync(ctx, &keyorder.Message{Key: "k", Payload: buf, Headers: hs})
+		bctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { _, err := p.PublishBatch(bctx, batch); done <- err }()
+		synctest.Wait()
+		cancel() // PublishBatch returns; its messages stay queued
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("PublishBatch = %v, want context.Canceled", err)
+		}
+		copy(buf, "XX")
+		hs["h"] = "changed"
+		copy(batch[0].Payload, "XX")
+		copy(batch[1].Payload, "XX")
+		close(g.release)
+		for _, r := range []*publish.Result{first, second} {
+			if _, err := r.Get(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.Close(ctx)
+		got := receiveAll(t, s)
+		if ps := payloads(got); !slices.Equal(ps, []string{"m1", "m2", "m3", "m4"}) {
+			t.Fatalf("broker got %v, want [m1 m2 m3 m4]: the caller's later bytes were sent", ps)
+		}
+		if got[1].Headers["h"] != "v" {
+			t.Fatalf("broker got header %q, want v", got[1].Headers["h"])
+		}
+	})
+}

@@ -4,6 +4,7 @@ package subscribe
 // (ack, retry, dead letter).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -179,6 +180,15 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	if m.Key != "" {
 		headers[keyorder.HeaderPartitionKey] = m.Key
 	}
+	payload := m.Payload
+	if !s.caps.NativeHold || s.batcher != nil {
+		// The message may be handed to a handler again (a retry held in
+		// process; the rest of a batch, handed again after one of its
+		// messages settled): each attempt gets its own copy, so what a
+		// handler writes into it never reaches a later attempt. Otherwise
+		// the driver's bytes are this delivery's own already.
+		payload = bytes.Clone(payload)
+	}
 	d := &it.d
 	if it.called {
 		d = new(keyorder.Delivery)
@@ -186,7 +196,7 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	it.called = true
 	*d = keyorder.Delivery{
 		Message: keyorder.Message{
-			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore,
+			ID: m.ID, Key: m.Key, Payload: payload, Headers: headers, NotBefore: m.NotBefore,
 		},
 		Attempt:      it.attempt,
 		PublishTime:  m.PublishTime,

@@ -55,6 +55,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"strconv"
 	"sync"
@@ -63,6 +64,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -157,7 +159,19 @@ type topic struct {
 	cfg    TopicConfig
 	subs   []*subscription
 	failFn func([]*adapters.Message) error
+
+	// payloads stores the copies SendBatch takes (payloadChunk at a time),
+	// guarded by payloadsMu.
+	payloadsMu sync.Mutex
+	payloads   slab.Bytes
 }
+
+// payloadChunk is how many bytes of payload copies one allocation holds,
+// for a topic's stored messages and a subscription's deliveries alike.
+// Small copies are cut from chunks (most payloads are small, and a
+// publisher often hands over one message per call); a chunk lives until
+// none of the copies cut from it is referenced (see internal/slab).
+const payloadChunk = 4096
 
 // CreateTopic creates a topic; creating an existing one is a no-op.
 func (b *Broker) CreateTopic(name string, cfg *TopicConfig) {
@@ -180,7 +194,7 @@ func (b *Broker) topicLocked(name string, cfg *TopicConfig) *topic {
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = MaxPayloadDefault
 	}
-	t := &topic{name: name, cfg: c}
+	t := &topic{name: name, cfg: c, payloads: slab.NewBytes(payloadChunk)}
 	b.topics[name] = t
 	return t
 }
@@ -300,7 +314,10 @@ type Topic struct {
 
 var _ adapters.Topic = (*Topic)(nil)
 
-// SendBatch delivers copies of ms to every subscription of the topic.
+// SendBatch delivers ms to every subscription of the topic. It retains
+// nothing of ms: the topic stores one copy of each payload and headers
+// map, which its subscriptions share and never modify, and each delivery
+// gets its own copy of the payload (see Subscription.Receive).
 func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -313,11 +330,31 @@ func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 			return err
 		}
 	}
+	if len(subs) == 0 {
+		return nil
+	}
+	cp := make([]stored, 0, 8) // on the stack for most batches
+	t.t.payloadsMu.Lock()
+	for _, m := range ms {
+		cp = append(cp, stored{payload: t.t.payloads.Copy(m.Payload)})
+	}
+	t.t.payloadsMu.Unlock()
+	for i, m := range ms {
+		if len(m.Headers) > 0 {
+			cp[i].headers = maps.Clone(m.Headers)
+		}
+	}
 	now := time.Now()
 	for _, s := range subs {
-		s.enqueue(ms, now)
+		s.enqueue(ms, cp, now)
 	}
 	return nil
+}
+
+// stored is the topic's copy of a sent message's payload and headers.
+type stored struct {
+	payload []byte
+	headers map[string]string
 }
 
 // Limits returns the topic's limits.
@@ -375,7 +412,10 @@ var (
 	_ adapters.DeadLetterStore = (*Subscription)(nil)
 )
 
-// Receive waits for deliverable messages.
+// Receive waits for deliverable messages. Each message's Payload is its
+// own copy, made for this delivery: the consumer may modify it without
+// changing what a redelivery or another subscription receives. Headers are
+// shared and must not be modified.
 func (d *Subscription) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
 	if d.crashed.Load() {
 		return nil, ErrCrashed

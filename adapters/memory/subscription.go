@@ -79,14 +79,16 @@ type subscription struct {
 	pending []*entry
 	keys    map[string]*ikey
 
-	entries slab.Slab[entry] // entrySlab at a time; s.mu held
+	entries  slab.Slab[entry] // entrySlab at a time; s.mu held
+	payloads slab.Bytes       // deliveries' payload copies; s.mu held
 }
 
 func newSubscription(name, topic string, cfg SubscriptionConfig) *subscription {
 	s := &subscription{
 		name: name, topic: topic, cfg: cfg,
-		leases:  map[uint64]*lease{},
-		entries: slab.New[entry](entrySlab),
+		leases:   map[uint64]*lease{},
+		entries:  slab.New[entry](entrySlab),
+		payloads: slab.NewBytes(payloadChunk),
 	}
 	if cfg.Hold == Native {
 		s.q = groupq.New[*entry](cfg.Ordering)
@@ -145,13 +147,15 @@ func (s *subscription) unwait(ch chan struct{}) {
 	s.free = append(s.free, ch)
 }
 
-func (s *subscription) enqueue(ms []*adapters.Message, now time.Time) {
+// enqueue adds ms, whose payloads and headers the topic copied into cp
+// (cp[i] is ms[i]'s).
+func (s *subscription) enqueue(ms []*adapters.Message, cp []stored, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range ms {
+	for i, m := range ms {
 		e := s.entries.Next()
 		e.msg = adapters.Message{
-			ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers,
+			ID: m.ID, Key: m.Key, Payload: cp[i].payload, Headers: cp[i].headers,
 			NotBefore: m.NotBefore, PublishTime: now,
 		}
 		s.add(e)
@@ -262,6 +266,10 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time
 	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
 	s.leases[l.id] = l
 	e.lease = l
+	// Each delivery gets its own payload: what a consumer writes into it
+	// reaches neither the stored message (a redelivery, a dead letter) nor
+	// another subscription's or consumer's delivery.
+	l.msg.Payload = s.payloads.Copy(e.msg.Payload)
 	l.msg.AckID = l
 	l.msg.Attempt = e.attempts
 	return &l.msg
