@@ -489,4 +489,3 @@ func (d *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 
 // Name returns the subscription's name (adapters.Namer).
 func (d *Subscription) Name() string { return d.s.name }
-

@@ -10,8 +10,8 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
-	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/internal/urlfuzz"
+	"github.com/keyorder/keyorder/policy"
 )
 
 func FuzzURL(f *testing.F) {

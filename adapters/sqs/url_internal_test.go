@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/internal/urlfuzz"
+	"github.com/keyorder/keyorder/policy"
 )
 
 func FuzzURL(f *testing.F) {
