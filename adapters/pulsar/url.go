@@ -270,13 +270,9 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	t, err := openTopic(ctx, client, p.topic, &p.topicO)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	t.ownClient = true
-	return t, nil
+	// The driver owns the client, also when ctx ends before the broker
+	// answers: the client is closed when the late answer arrives.
+	return openTopicOwning(ctx, client, p.topic, &p.topicO, true)
 }
 
 // OpenSubscriptionURL opens
@@ -296,13 +292,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	s, err := openSubscription(ctx, client, p.topic, p.sub, &p.subO)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	s.ownClient = true
-	return s, nil
+	return openSubscriptionOwning(ctx, client, p.topic, p.sub, &p.subO, true)
 }
 
 // adminPath maps persistent://t/n/x to /admin/v2/persistent/t/n/x.
