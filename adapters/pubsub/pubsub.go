@@ -450,8 +450,27 @@ func parseTopicURL(u *url.URL) (project, topic string, err error) {
 	return project, topic, nil
 }
 
+// withCtx returns err, also matching ctx's error when ctx ended: gRPC
+// reports an ended context as a status (DeadlineExceeded, Canceled) that
+// errors.Is does not match to context.DeadlineExceeded or
+// context.Canceled.
+func withCtx(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", err, cerr)
+	}
+	return err
+}
+
 // OpenTopicURL opens pubsub://project/topic, creating the topic if needed.
 func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+	t, err := o.openTopicURL(ctx, u)
+	if err != nil {
+		return nil, withCtx(ctx, err)
+	}
+	return t, nil
+}
+
+func (o *URLOpener) openTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
 	project, topic, err := parseTopicURL(u)
 	if err != nil {
 		return nil, err
@@ -530,6 +549,14 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 // OpenSubscriptionURL opens pubsub://project/topic?subscription=name&...,
 // creating the topic and the subscription if needed.
 func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+	s, err := o.openSubscriptionURL(ctx, u)
+	if err != nil {
+		return nil, withCtx(ctx, err)
+	}
+	return s, nil
+}
+
+func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
 	project, topic, sub, opts, err := parseSubscriptionURL(u)
 	if err != nil {
 		return nil, err
