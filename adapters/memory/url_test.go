@@ -1,9 +1,11 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"testing"
@@ -131,5 +133,45 @@ func TestURLSpellings(t *testing.T) {
 	u, _ := url.Parse("mem://t?maxkey=1&max_key=2")
 	if _, err := o.OpenTopicURL(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 		t.Errorf("both spellings on a topic: %v, want ErrBadURL", err)
+	}
+}
+
+// TestURLDeprecationWarning: opening through the mux with old spellings
+// logs one warning naming them (and no secret); current spellings log
+// none.
+func TestURLDeprecationWarning(t *testing.T) {
+	var buf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(prev)
+	ctx := context.Background()
+	mux := &adapters.URLMux{}
+	o := &URLOpener{Broker: NewBroker()}
+	mux.RegisterTopic(Scheme, o)
+	mux.RegisterSubscription(Scheme, o)
+	if _, err := mux.OpenSubscription(ctx, "mem://u:s3cr3t@t?subscription=s&maxbatch=3&chain=2"); err == nil {
+		t.Fatal("userinfo accepted")
+	}
+	if strings.Contains(buf.String(), "s3cr3t") {
+		t.Errorf("the warning shows the password:\n%s", buf.String())
+	}
+	buf.Reset()
+	if _, err := mux.OpenSubscription(ctx, "mem://t?subscription=s&maxbatch=3&chain=2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mux.OpenTopic(ctx, "mem://t?maxkey=9&maxpayload=99"); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if strings.Count(out, "level=WARN") != 2 || !strings.Contains(out, "maxbatch (now max_batch)") ||
+		!strings.Contains(out, "maxkey (now max_key), maxpayload (now max_payload)") {
+		t.Errorf("want one warning per Open naming the old spellings, got:\n%s", out)
+	}
+	buf.Reset()
+	if _, err := mux.OpenSubscription(ctx, "mem://t?subscription=s&max_batch=3&chain=2"); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() != 0 {
+		t.Errorf("current spellings logged:\n%s", buf.String())
 	}
 }
