@@ -90,7 +90,9 @@ const (
 
 // SubscriptionConfig configures a subscription at creation.
 type SubscriptionConfig struct {
-	// Ordering is the delivery policy. Defaults to policy.Parallel (zero).
+	// Ordering is the delivery policy. Defaults to policy.Parallel (zero)
+	// for typed use, as on every backend; the URL opener defaults to
+	// policy.Ordered.
 	Ordering policy.Ordering
 	// Hold selects the broker's shape. Defaults to Native.
 	Hold Hold
