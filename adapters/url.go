@@ -219,10 +219,19 @@ func URLSecrets(raw string) []string {
 	for _, seg := range strings.Split(u.RawQuery, "&") {
 		k, v, _ := strings.Cut(seg, "=")
 		name, err := url.QueryUnescape(k)
-		if err != nil || strings.Contains(seg, ";") || p.hides(name) {
+		dv, derr := url.QueryUnescape(v)
+		switch {
+		case err != nil || strings.Contains(seg, ";") || p.hides(name):
 			out = append(out, v)
-			if dv, err := url.QueryUnescape(v); err == nil {
+			if derr == nil {
 				add(dv)
+			}
+		case derr == nil && strings.Contains(dv, "@"):
+			// A URL-valued parameter (an endpoint) may carry userinfo.
+			if iu, err := url.Parse(dv); err == nil {
+				if pw, ok := iu.User.Password(); ok {
+					add(pw)
+				}
 			}
 		}
 	}

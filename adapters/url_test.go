@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,6 +106,9 @@ func TestRedactDeclaredParams(t *testing.T) {
 	want := "kotest://u:xxxxx@h?topic=t&max_batch=2&maxbatch=3&missing_key=reject&code=xxxxx&pasord=xxxxx&zz=xxxxx"
 	if got := Redact(u); got != want {
 		t.Errorf("Redact = %q, want %q", got, want)
+	}
+	if got := URLSecrets("sqs://q.fifo?endpoint=" + url.QueryEscape("http://u:PASS@h")); !slices.Contains(got, "PASS") {
+		t.Errorf("URLSecrets misses the password of an endpoint: %q", got)
 	}
 	for _, name := range misspelled {
 		raw := "mem://t?" + url.QueryEscape(name) + "=PASS"
