@@ -104,6 +104,7 @@ func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	if !ok {
 		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
 	}
+	WarnDeprecated(nil, u)
 	t, err := o.OpenTopicURL(ctx, u)
 	if err != nil {
 		return nil, WrapError("open", err, codeOf(o))
@@ -123,6 +124,7 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 	if !ok {
 		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
 	}
+	WarnDeprecated(nil, u)
 	sub, err := o.OpenSubscriptionURL(ctx, u)
 	if err != nil {
 		return nil, WrapError("open", err, codeOf(o))
@@ -181,8 +183,14 @@ func (e *URLError) Unwrap() error { return e.Err }
 
 // ParseURL parses urlstr and requires a scheme. It rejects a fragment (no
 // opener reads one, so it would be silently dropped). Its errors never echo
-// the URL when it cannot be parsed: only its scheme.
+// the URL when it cannot be parsed or has no scheme: only its scheme. A
+// keyword/value connection string ("host=db password=...") is rejected as
+// not a URL, without echoing it.
 func ParseURL(urlstr string) (*url.URL, error) {
+	if looksLikeDSN(urlstr) {
+		return nil, &URLError{URL: redacted, Err: fmt.Errorf("%w: a keyword/value connection string (host=... password=...) is not a URL: "+
+			"write it as a URL (postgres://user:password@host:5432/db?topic=...)", keyorder.ErrBadURL)}
+	}
 	u, err := url.Parse(urlstr)
 	if err != nil {
 		why := "cannot be parsed as a URL"
@@ -195,7 +203,7 @@ func ParseURL(urlstr string) (*url.URL, error) {
 		return nil, &URLError{URL: redactRaw(urlstr), Err: fmt.Errorf("%w: %s", keyorder.ErrBadURL, why)}
 	}
 	if u.Scheme == "" {
-		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
+		return nil, &URLError{URL: redactRaw(urlstr), Err: fmt.Errorf("%w: no scheme (want e.g. mem://topic)", keyorder.ErrBadURL)}
 	}
 	if u.Fragment != "" || strings.Contains(urlstr, "#") {
 		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w: a fragment (#...) is not allowed", keyorder.ErrBadURL)}

@@ -1,8 +1,11 @@
 package adapters
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,7 +35,7 @@ func TestRedact(t *testing.T) {
 func TestQuery(t *testing.T) {
 	u, _ := url.Parse("x://h?b=2&a=%41&&c=")
 	ps, err := Query(u)
-	if err != nil || len(ps) != 3 || ps[0] != (Param{"b", "2"}) || ps[1] != (Param{"a", "A"}) || ps[2] != (Param{"c", ""}) {
+	if err != nil || len(ps) != 3 || ps[0] != (Param{Name: "b", Value: "2"}) || ps[1] != (Param{Name: "a", Value: "A"}) || ps[2] != (Param{Name: "c", Value: ""}) {
 		t.Fatalf("Query = %v, %v", ps, err)
 	}
 	for raw, name := range map[string]string{
@@ -65,6 +68,100 @@ func TestParseURLNeverEchoes(t *testing.T) {
 		_, err := ParseURL(raw)
 		if !errors.Is(err, keyorder.ErrBadURL) || strings.Contains(err.Error(), "PASS") {
 			t.Errorf("ParseURL(%q) = %v, want ErrBadURL without the secret", raw, err)
+		}
+	}
+}
+
+// misspelled are parameter names that may hold a secret although no
+// backend reads them: each must have its value hidden wherever a URL is
+// echoed.
+var misspelled = []string{"pasword", "passwd", "pwd", "secret_key", "access_token", "apikey", "api-key", "sessiontoken", "x_api_key", "private_key", "credentials", "AWS_SECRET_ACCESS_KEY"}
+
+func TestIsSensitiveParamMisspellings(t *testing.T) {
+	for _, name := range misspelled {
+		if !IsSensitiveParam(name) {
+			t.Errorf("IsSensitiveParam(%q) = false", name)
+		}
+	}
+	for _, name := range []string{"topic", "ordering", "max_batch", "lease", "sslmode"} {
+		if IsSensitiveParam(name) {
+			t.Errorf("IsSensitiveParam(%q) = true", name)
+		}
+	}
+}
+
+func init() {
+	RegisterParams("kotest", Params{
+		Names:      []string{"topic", "max_batch", "missing_key", "code"},
+		Secret:     []string{"code"},
+		Deprecated: map[string]string{"maxbatch": "max_batch"},
+	})
+}
+
+// TestRedactDeclaredParams: on a scheme that declares its parameters, the
+// value of every undeclared one (a misspelling) is hidden, and so is a
+// declared secret; declared non-secret values stay readable.
+func TestRedactDeclaredParams(t *testing.T) {
+	u, _ := url.Parse("kotest://u:PASS@h?topic=t&max_batch=2&maxbatch=3&missing_key=reject&code=PASS&pasord=PASS&zz=PASS")
+	want := "kotest://u:xxxxx@h?topic=t&max_batch=2&maxbatch=3&missing_key=reject&code=xxxxx&pasord=xxxxx&zz=xxxxx"
+	if got := Redact(u); got != want {
+		t.Errorf("Redact = %q, want %q", got, want)
+	}
+	if got := URLSecrets("sqs://q.fifo?endpoint=" + url.QueryEscape("http://u:PASS@h")); !slices.Contains(got, "PASS") {
+		t.Errorf("URLSecrets misses the password of an endpoint: %q", got)
+	}
+	for _, name := range misspelled {
+		raw := "mem://t?" + url.QueryEscape(name) + "=PASS"
+		if got := RedactString(raw); strings.Contains(got, "PASS") {
+			t.Errorf("RedactString(%q) = %q", raw, got)
+		}
+		for _, s := range URLSecrets(raw) {
+			if s == "" {
+				t.Errorf("URLSecrets(%q) has an empty string", raw)
+			}
+		}
+		if !strings.Contains(strings.Join(URLSecrets(raw), " "), "PASS") {
+			t.Errorf("URLSecrets(%q) = %q, want the value", raw, URLSecrets(raw))
+		}
+	}
+}
+
+// TestQueryDeprecated: an old spelling is returned under the new name,
+// both spellings together are an error, and the warning is logged once.
+func TestQueryDeprecated(t *testing.T) {
+	u, _ := url.Parse("kotest://h?maxbatch=3&topic=t")
+	ps, err := Query(u)
+	if err != nil || len(ps) != 2 || ps[0] != (Param{Name: "max_batch", Value: "3", Deprecated: "maxbatch"}) {
+		t.Fatalf("Query = %v, %v", ps, err)
+	}
+	u, _ = url.Parse("kotest://h?maxbatch=3&max_batch=4")
+	if _, err := Query(u); !errors.Is(err, keyorder.ErrBadURL) || !strings.Contains(err.Error(), `"max_batch"`) {
+		t.Errorf("both spellings: %v, want ErrBadURL naming max_batch", err)
+	}
+	var buf bytes.Buffer
+	u, _ = url.Parse("kotest://h?maxbatch=3&code=PASS")
+	WarnDeprecated(slog.New(slog.NewTextHandler(&buf, nil)), u)
+	if out := buf.String(); strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "maxbatch (now max_batch)") || strings.Contains(out, "PASS") {
+		t.Errorf("warning: %q", out)
+	}
+}
+
+// TestParseURLNeverEchoesDSN: a keyword/value DSN, or anything without a
+// scheme, is not echoed, and the error says it is not a URL.
+func TestParseURLNeverEchoesDSN(t *testing.T) {
+	for _, raw := range []string{
+		"host=db port=5432 user=app password=PASS dbname=x",
+		"  password=PASS host=db",
+		"dbname=x host=db:5432 password=PASS",
+		"just/a/path?password=PASS&pasword=PASS",
+		"//host/x?pasword=PASS",
+	} {
+		_, err := ParseURL(raw)
+		if !errors.Is(err, keyorder.ErrBadURL) || strings.Contains(err.Error(), "PASS") {
+			t.Errorf("ParseURL(%q) = %v, want ErrBadURL without the secret", raw, err)
+		}
+		if strings.HasPrefix(strings.TrimSpace(raw), "host=") && !strings.Contains(err.Error(), "is not a URL") {
+			t.Errorf("ParseURL(%q) = %v, want it to say a DSN is not a URL", raw, err)
 		}
 	}
 }

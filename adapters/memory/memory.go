@@ -18,11 +18,13 @@
 //
 // Subscription parameters: subscription (required), ordering (parallel,
 // exclusive, ordered; default ordered), hold (native or inprocess; default
-// native), lease (a Go duration; default 30s), maxbatch (default 10), chain
+// native), lease (a Go duration; default 30s), max_batch (default 10), chain
 // (messages of one key per receive, native only; default 1). The
 // subscription is created on first open; opening it again with a different
-// ordering or hold fails. Topic parameters: maxkey, maxpayload (bytes), payload (required or
-// optional; default optional).
+// ordering or hold fails. Topic parameters: max_key, max_payload (bytes),
+// payload (required or optional; default optional). The old spellings
+// maxbatch, maxkey and maxpayload are still accepted (a deprecation warning
+// is logged); giving both spellings is an error.
 // Topics and subscriptions opened by URL live in one broker per process,
 // owned by the registered opener.
 //
@@ -56,8 +58,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,7 +92,9 @@ const (
 
 // SubscriptionConfig configures a subscription at creation.
 type SubscriptionConfig struct {
-	// Ordering is the delivery policy. Defaults to policy.Parallel (zero).
+	// Ordering is the delivery policy. Defaults to policy.Parallel (zero)
+	// for typed use, as on every backend; the URL opener defaults to
+	// policy.Ordered.
 	Ordering policy.Ordering
 	// Hold selects the broker's shape. Defaults to Native.
 	Hold Hold
@@ -534,131 +536,5 @@ func (d *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	return d.s.redrive(ids), nil
 }
 
-// URLOpener opens mem:// URLs on its Broker.
-type URLOpener struct {
-	Broker *Broker
-}
-
-var defaultOpener = &URLOpener{Broker: NewBroker()}
-
-func init() {
-	adapters.DefaultMux().RegisterTopic(Scheme, defaultOpener)
-	adapters.DefaultMux().RegisterSubscription(Scheme, defaultOpener)
-}
-
-// DefaultBroker returns the broker that mem:// URLs open.
-func DefaultBroker() *Broker { return defaultOpener.Broker }
-
-// topicName returns the topic a mem:// URL names: its host followed by its
-// path, as written. A URL without a host (mem:/, mem:topic, mem:///x) names
-// no topic.
-func topicName(u *url.URL) (string, error) {
-	if u.Host == "" || u.Opaque != "" || u.User != nil {
-		return "", adapters.BadURL(u, "missing topic name (want mem://topic)")
-	}
-	return u.Host + u.Path, nil
-}
-
-// OpenTopicURL opens mem://topic.
-func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic, error) {
-	name, err := topicName(u)
-	if err != nil {
-		return nil, err
-	}
-	ps, err := adapters.Query(u)
-	if err != nil {
-		return nil, err
-	}
-	var cfg TopicConfig
-	for _, kv := range ps {
-		p, v := kv.Name, kv.Value
-		if p == "payload" {
-			if v != "required" && v != "optional" {
-				return nil, adapters.BadParam(u, p, "want required or optional")
-			}
-			cfg.PayloadRequired = v == "required"
-			continue
-		}
-		n, err := strconv.Atoi(v)
-		switch {
-		case p != "maxkey" && p != "maxpayload":
-			return nil, adapters.BadParam(u, p, "unknown parameter")
-		case err != nil || n <= 0:
-			return nil, adapters.BadParam(u, p, "want a positive integer")
-		case p == "maxkey":
-			cfg.MaxKeyBytes = n
-		default:
-			cfg.MaxPayloadBytes = n
-		}
-	}
-	o.Broker.CreateTopic(name, &cfg)
-	return o.Broker.TopicDriver(name), nil
-}
-
-// OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
-// subscription if it does not exist.
-func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters.Subscription, error) {
-	topicName, err := topicName(u)
-	if err != nil {
-		return nil, err
-	}
-	ps, err := adapters.Query(u)
-	if err != nil {
-		return nil, err
-	}
-	cfg := SubscriptionConfig{Ordering: policy.Ordered}
-	var name string
-	for _, kv := range ps {
-		p, v := kv.Name, kv.Value
-		var err error
-		switch p {
-		case "subscription":
-			name = v
-		case "ordering":
-			cfg.Ordering, err = policy.ParseOrdering(v)
-		case "hold":
-			switch v {
-			case "native":
-				cfg.Hold = Native
-			case "inprocess":
-				cfg.Hold = InProcess
-			default:
-				err = errors.New("want native or inprocess")
-			}
-		case "lease":
-			cfg.LeaseDuration, err = time.ParseDuration(v)
-			if err == nil && cfg.LeaseDuration <= 0 {
-				err = errors.New("want a positive duration")
-			}
-		case "maxbatch", "chain":
-			var n int
-			n, err = strconv.Atoi(v)
-			if err == nil && n <= 0 {
-				err = errors.New("want a positive integer")
-			}
-			if p == "maxbatch" {
-				cfg.MaxBatch = n
-			} else {
-				cfg.Chain = n
-			}
-		default:
-			err = errors.New("unknown parameter")
-		}
-		if err != nil {
-			return nil, adapters.BadParam(u, p, err.Error())
-		}
-	}
-	if name == "" {
-		return nil, adapters.BadParam(u, "subscription", "required")
-	}
-	if err := o.Broker.CreateSubscription(topicName, name, &cfg); err != nil {
-		return nil, err
-	}
-	return o.Broker.SubscriptionDriver(name)
-}
-
 // Name returns the subscription's name (adapters.Namer).
 func (d *Subscription) Name() string { return d.s.name }
-
-// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
-func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

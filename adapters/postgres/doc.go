@@ -22,7 +22,15 @@
 // Each keyorder parameter sets one Options field: topic, subscription,
 // schema, migrate, create (with ordering, max_attempts, min_backoff,
 // max_backoff, compact for a new subscription), lease, max_batch, chain, poll,
-// notify_debounce, missing_key. The connection parameters sslmode,
+// notify_debounce, vacuum_interval, missing_key. A subscription a URL creates
+// is Ordered unless the URL says ordering=parallel or ordering=exclusive, as
+// on every backend's URL (the typed SubscriptionOptions keep their zero
+// value, Parallel). Until this default was introduced a URL without ordering
+// created a Parallel subscription; opening such a subscription with
+// create=true and no ordering now fails with keyorder.ErrInvalidConfig (its
+// ordering differs from the one asked for): add ordering=parallel. The
+// parameter names are the same on every backend for the same concept
+// (ordering, lease, max_batch, max_attempts, chain). The connection parameters sslmode,
 // sslrootcert, sslcert, sslkey, sslpassword, connect_timeout,
 // application_name, target_session_attrs and pool_* go to pgx; any other
 // parameter is rejected with keyorder.ErrBadURL (a password goes in the

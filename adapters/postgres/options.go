@@ -85,8 +85,9 @@ type Options struct {
 // SubscriptionOptions are the settings of a subscription, fixed when it is
 // created. A nil *SubscriptionOptions means the defaults.
 type SubscriptionOptions struct {
-	// Ordering is the subscription's delivery policy. Defaults to Parallel
-	// (the zero value).
+	// Ordering is the subscription's delivery policy. Defaults to
+	// policy.Parallel (the zero value) for typed use, as on every backend;
+	// the URL opener defaults to policy.Ordered (URL: ordering).
 	Ordering policy.Ordering
 	// MaxAttempts, MinBackoff and MaxBackoff are the retry settings kept
 	// with the subscription; every consumer runs them (the driver reports

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -22,9 +23,22 @@ const (
 	paramSub   = "subscription"
 )
 
+// keyorderParams are the parameters keyorder reads from a PostgreSQL URL
+// (see the package documentation); connParams go to pgx.
+var keyorderParams = []string{
+	paramTopic, paramSub, "schema", "migrate", "create", "ordering", "max_attempts", "min_backoff",
+	"max_backoff", "compact", "lease", "max_batch", "chain", "poll", "notify_debounce",
+	"vacuum_interval", "missing_key",
+}
+
 func init() {
 	o := &URLOpener{}
+	names := append([]string(nil), keyorderParams...)
+	for p := range connParams {
+		names = append(names, p)
+	}
 	for _, s := range []string{Scheme, SchemeAlt} {
+		adapters.RegisterParams(s, adapters.Params{Names: names, Secret: []string{"sslpassword"}})
 		adapters.DefaultMux().RegisterTopic(s, o)
 		adapters.DefaultMux().RegisterSubscription(s, o)
 	}
@@ -44,7 +58,10 @@ var connParams = map[string]bool{
 // documentation). Each opened Topic or Subscription owns a pool of its own,
 // closed by its Close.
 type URLOpener struct {
-	// Options are the defaults the URL's parameters override.
+	// Options are the defaults the URL's parameters override. When
+	// Options.Subscription is nil, a subscription the URL creates
+	// (create=true) is Ordered unless the URL says otherwise, as on every
+	// backend's URL.
 	Options Options
 }
 
@@ -100,7 +117,10 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 // returns the connection string without them.
 func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, err error) {
 	c := o.Options
-	so := SubscriptionOptions{}
+	// A URL without ordering creates an Ordered subscription, as every
+	// backend's URL does (the typed SubscriptionOptions keep the zero
+	// value, Parallel).
+	so := SubscriptionOptions{Ordering: policy.Ordered}
 	if c.Subscription != nil {
 		so = *c.Subscription
 	}
@@ -148,19 +168,21 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 		case "missing_key":
 			c.MissingKey, perr = policy.ParseMissingKey(v)
 		default:
-			if !connParams[name] {
-				return nil, "", "", "", adapters.BadParam(u, name, "unknown parameter")
+			switch {
+			case connParams[name]:
+				pass.Set(name, v)
+			case adapters.IsSensitiveParam(name):
+				// Only sslpassword is a secret pgx reads from the query;
+				// a password belongs in the userinfo (pgx would also
+				// read ?password=, but keyorder passes on only
+				// connParams).
+				perr = errors.New("unknown parameter (put the password in the userinfo: postgres://user:password@host/db)")
+			default:
+				perr = errors.New("unknown parameter")
 			}
-			pass.Set(name, v)
 		}
 		if perr != nil {
 			return nil, "", "", "", adapters.BadParam(u, name, perr.Error())
-		}
-		if adapters.IsSensitiveParam(name) && name != "sslpassword" {
-			// Only sslpassword is a secret pgx reads from the query; a
-			// password belongs in the userinfo (pgx would also read
-			// ?password=, but keyorder passes on only connParams).
-			return nil, "", "", "", adapters.BadParam(u, name, "unknown parameter (put the password in the userinfo: postgres://user:password@host/db)")
 		}
 	}
 	c.Subscription = &so

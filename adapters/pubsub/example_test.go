@@ -20,7 +20,7 @@ func Example() {
 	// exists. Opening creates a missing topic
 	// and subscription (with message ordering and a dead-letter topic).
 	sub, err := subscribe.Open(ctx,
-		"pubsub://my-project/ledger?subscription=apply-balance&ordering=ordered&ackdeadline=60s",
+		"pubsub://my-project/ledger?subscription=apply-balance&ordering=ordered&lease=60s",
 		&subscribe.Config{Workers: 8})
 	if err != nil {
 		panic(err)

@@ -16,10 +16,14 @@
 // ordering asked for (see CreateTopic and CreateSubscription). Subscription
 // parameters map one-to-one onto SubscriptionOptions: subscription (the
 // subscription ID, required), ordering (parallel, exclusive or ordered;
-// default ordered), ackdeadline (a Go duration, 10s to 600s; default 30s;
-// used only when the subscription is created), maxbatch (most messages per
-// Receive; default 100) and maxdeliveryattempts (5 to 100; default 100; used
-// only when the subscription is created). A topic URL takes no parameters;
+// default ordered), lease (the ack deadline, a Go duration, 10s to 600s;
+// default 30s; used only when the subscription is created), max_batch (most
+// messages per Receive; default 100) and max_attempts (the dead-letter
+// policy's maximum delivery attempts, 5 to 100; default 100; used only when
+// the subscription is created). These are the names every backend uses for
+// the same concept; the old spellings ackdeadline, maxbatch and
+// maxdeliveryattempts are still accepted (a deprecation warning is logged;
+// giving both spellings is an error). A topic URL takes no parameters;
 // unknown parameters are rejected.
 //
 // # Ordering
@@ -89,7 +93,7 @@
 // extends it with ModifyAckDeadline while the message is held or handled. A consumer that dies stops extending, the deadline passes and
 // Pub/Sub redelivers the message, counting the attempt: subscriptions are
 // created with a dead-letter policy (topic <subscription>-dead, at most
-// maxdeliveryattempts deliveries) because only then does Pub/Sub report
+// max_attempts deliveries) because only then does Pub/Sub report
 // delivery attempts. Below that bound the subscriber's own retry budget
 // decides; DeadLetter publishes the message to <subscription>-dead with the
 // keyorder-reason and keyorder-attempts attributes and then acknowledges it.
@@ -105,7 +109,7 @@
 // redelivery arrives with the service's count (2), not k+1, and the
 // subscriber starts counting from there: across a crash a message can run
 // more than the subscriber's MaxAttempts times in total (up to MaxAttempts
-// per delivery; the subscription's maxdeliveryattempts still bounds the
+// per delivery; the subscription's max_attempts still bounds the
 // deliveries). The process cannot carry its count to the redelivery:
 // Pub/Sub redelivers the message as published (attributes cannot be
 // modified on redelivery), and republishing it with a count would put it
@@ -406,6 +410,12 @@ type URLOpener struct {
 }
 
 func init() {
+	adapters.RegisterParams(Scheme, adapters.Params{
+		Names: []string{"subscription", "ordering", "lease", "max_batch", "max_attempts"},
+		Deprecated: map[string]string{
+			"ackdeadline": "lease", "maxbatch": "max_batch", "maxdeliveryattempts": "max_attempts",
+		},
+	})
 	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
 	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
 }
@@ -440,8 +450,27 @@ func parseTopicURL(u *url.URL) (project, topic string, err error) {
 	return project, topic, nil
 }
 
+// withCtx returns err, also matching ctx's error when ctx ended: gRPC
+// reports an ended context as a status (DeadlineExceeded, Canceled) that
+// errors.Is does not match to context.DeadlineExceeded or
+// context.Canceled.
+func withCtx(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", err, cerr)
+	}
+	return err
+}
+
 // OpenTopicURL opens pubsub://project/topic, creating the topic if needed.
 func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+	t, err := o.openTopicURL(ctx, u)
+	if err != nil {
+		return nil, withCtx(ctx, err)
+	}
+	return t, nil
+}
+
+func (o *URLOpener) openTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
 	project, topic, err := parseTopicURL(u)
 	if err != nil {
 		return nil, err
@@ -485,18 +514,18 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 			}
 		case "ordering":
 			opts.Ordering, perr = policy.ParseOrdering(v)
-		case "ackdeadline":
+		case "lease":
 			opts.AckDeadline, perr = time.ParseDuration(v)
 			if perr == nil && (opts.AckDeadline < MinAckDeadline || opts.AckDeadline > MaxAckDeadline) {
 				perr = fmt.Errorf("want a duration from %v to %v", MinAckDeadline, MaxAckDeadline)
 			}
-		case "maxbatch", "maxdeliveryattempts":
+		case "max_batch", "max_attempts":
 			var n int
 			n, perr = strconv.Atoi(v)
 			switch {
 			case perr != nil || n <= 0:
 				perr = errors.New("want a positive integer")
-			case p == "maxbatch":
+			case p == "max_batch":
 				opts.MaxBatch = n
 			case n < 5 || n > 100:
 				perr = errors.New("want 5 to 100")
@@ -520,6 +549,14 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 // OpenSubscriptionURL opens pubsub://project/topic?subscription=name&...,
 // creating the topic and the subscription if needed.
 func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+	s, err := o.openSubscriptionURL(ctx, u)
+	if err != nil {
+		return nil, withCtx(ctx, err)
+	}
+	return s, nil
+}
+
+func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
 	project, topic, sub, opts, err := parseSubscriptionURL(u)
 	if err != nil {
 		return nil, err

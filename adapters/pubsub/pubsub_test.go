@@ -64,7 +64,7 @@ func TestURLOpenerCreatesAndKeepsOrdering(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=ordered&maxbatch=5")
+	drv, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=ordered&max_batch=5")
 	if err != nil {
 		t.Fatal(err)
 	}

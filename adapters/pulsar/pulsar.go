@@ -15,16 +15,22 @@
 // subscription), ordering (parallel, exclusive or ordered; default
 // ordered), batching (on or off; default on, always key-based), sticky
 // (Key_Shared sticky hash ranges "0-32767,32768-65535" instead of
-// auto-split), receiverqueue (the client's receiver queue size; default
-// 1000), lease (a Go duration; default 30s; see Leases below), admin (the
-// broker's admin URL, http://host:8080, used to create the topic and to read
-// an existing subscription's policy), maxmessagesize (the broker's
-// maxMessageSize in bytes when it is not the default 5 MiB), and the
-// client's TLS and authentication parameters: tlscafile,
-// tlsallowinsecure, tlsvalidatehostname, tlscertfile, tlskeyfile, token
-// (a JWT), tokenfile. A pulsar+ssl:// URL connects with TLS. Unknown
-// parameters are rejected with an error matching keyorder.ErrBadURL; no
-// error ever carries the URL's secrets (token and userinfo are redacted).
+// auto-split), receiver_queue (the client's receiver queue size; default
+// 1000), max_batch (most messages per Receive), lease (a Go duration;
+// default 30s; see Leases below), admin (the broker's admin URL,
+// http://host:8080, used to create the topic and to read an existing
+// subscription's policy), max_message_size (the broker's maxMessageSize in
+// bytes when it is not the default 5 MiB), and the client's TLS and
+// authentication parameters: tls_ca_file, tls_allow_insecure,
+// tls_validate_hostname, tls_cert_file, tls_key_file, token (a JWT),
+// token_file. The names are those every backend uses for the same concept
+// (snake_case); the old spellings receiverqueue, maxbatch, maxmessagesize,
+// tlscafile, tlsallowinsecure, tlsvalidatehostname, tlscertfile,
+// tlskeyfile and tokenfile are still accepted (a deprecation warning is
+// logged; giving both spellings is an error). A pulsar+ssl:// URL connects
+// with TLS. Unknown parameters are rejected with an error matching
+// keyorder.ErrBadURL; no error ever carries the URL's secrets (token,
+// userinfo and the value of any unknown parameter are redacted).
 //
 // # Ordering
 //

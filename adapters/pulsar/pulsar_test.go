@@ -334,7 +334,7 @@ func TestURLOpener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=apply&ordering=ordered&receiverqueue=10&maxbatch=5&lease=5s&admin="+admin))
+	drv, err := adapters.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=apply&ordering=ordered&receiver_queue=10&max_batch=5&lease=5s&admin="+admin))
 	if err != nil {
 		t.Fatal(err)
 	}

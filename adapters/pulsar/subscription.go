@@ -134,33 +134,52 @@ func DeadLetterTopic(topic, sub string) string { return topic + "-" + sub + "-de
 // ErrOrderingMismatch. The client stays the caller's: Close does not close
 // it.
 func openSubscription(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
+	return openSubscriptionOwning(ctx, client, topic, sub, opts, false)
+}
+
+// openSubscriptionOwning is openSubscription; with own the driver owns
+// client: it is closed with the driver, or when opening fails, also after
+// ctx ended (when the client's late answer arrives).
+func openSubscriptionOwning(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions, own bool) (*subscriptionDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pulsar.OpenSubscription: nil client", keyorder.ErrInvalidConfig)
 	}
+	fail := func(err error) (*subscriptionDriver, error) {
+		if own {
+			client.Close()
+		}
+		return nil, err
+	}
 	if sub == "" {
-		return nil, fmt.Errorf("%w: pulsar.OpenSubscription: empty subscription name", keyorder.ErrInvalidConfig)
+		return fail(fmt.Errorf("%w: pulsar.OpenSubscription: empty subscription name", keyorder.ErrInvalidConfig))
 	}
 	o := opts.withDefaults()
 	if len(o.StickyHashRanges) > 0 {
 		if _, err := pulsar.NewKeySharedPolicySticky(o.StickyHashRanges); err != nil {
-			return nil, fmt.Errorf("%w: pulsar: sticky hash ranges: %v", keyorder.ErrInvalidConfig, err)
+			return fail(fmt.Errorf("%w: pulsar: sticky hash ranges: %v", keyorder.ErrInvalidConfig, err))
 		}
 	}
 	if o.AdminURL != "" {
 		if err := checkSubscription(ctx, o.AdminURL, topic, sub, o.Ordering); err != nil {
-			return nil, err
+			return fail(err)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(fmt.Errorf("pulsar: subscribe %s on %s: %w", sub, topic, err))
 	}
 	s := &subscriptionDriver{
 		client: client, topic: topic, name: sub, deadTopic: DeadLetterTopic(topic, sub),
-		opts: o, tracked: map[*delivery]struct{}{}, stop: make(chan struct{}),
+		opts: o, tracked: map[*delivery]struct{}{}, stop: make(chan struct{}), ownClient: own,
 	}
-	if _, err := s.current(); err != nil {
-		return nil, err
-	}
-	s.wg.Add(1)
-	go s.watchdog()
-	return s, nil
+	return await(ctx, "subscribe "+sub+" on "+topic, func() (*subscriptionDriver, error) {
+		if _, err := s.current(); err != nil {
+			s.Close() // closes an owned client
+			return nil, err
+		}
+		s.wg.Add(1)
+		go s.watchdog()
+		return s, nil
+	}, func(s *subscriptionDriver) { s.Close() })
 }
 
 func (s *subscriptionDriver) consumerOptions() pulsar.ConsumerOptions {

@@ -79,22 +79,72 @@ var _ adapters.Topic = (*topicDriver)(nil)
 // in public/default). The client stays the caller's: Close does not close
 // it. It fails with ErrDefaultBatcher if opts ask for the default batcher.
 func openTopic(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions) (*topicDriver, error) {
+	return openTopicOwning(ctx, client, topic, opts, false)
+}
+
+// openTopicOwning is openTopic; with own the driver owns client: it is
+// closed with the driver, or when opening fails, also after ctx ended (when
+// the client's late answer arrives).
+func openTopicOwning(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions, own bool) (*topicDriver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: pulsar.OpenTopic: nil client", keyorder.ErrInvalidConfig)
 	}
+	closeClient := func() {
+		if own {
+			client.Close()
+		}
+	}
 	po, err := opts.producerOptions(topic)
 	if err != nil {
+		closeClient()
 		return nil, err
 	}
 	maxMsg := DefaultMaxMessageBytes
 	if opts != nil && opts.MaxMessageBytes > 0 {
 		maxMsg = opts.MaxMessageBytes
 	}
-	p, err := client.CreateProducer(po)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
+		closeClient()
 		return nil, fmt.Errorf("pulsar: producer for %s: %w", topic, err)
 	}
-	return &topicDriver{client: client, producer: p, maxMsg: maxMsg}, nil
+	return await(ctx, "producer for "+topic, func() (*topicDriver, error) {
+		p, err := client.CreateProducer(po)
+		if err != nil {
+			closeClient()
+			return nil, fmt.Errorf("pulsar: producer for %s: %w", topic, err)
+		}
+		return &topicDriver{client: client, producer: p, maxMsg: maxMsg, ownClient: own}, nil
+	}, func(t *topicDriver) { t.Close() })
+}
+
+// await runs open, which cannot be cancelled (the client's CreateProducer
+// and Subscribe take no context and retry until their OperationTimeout,
+// 30s by default), and returns its result; or, as soon as ctx ends first,
+// ctx's error wrapped (errors.Is matches context.Canceled or
+// context.DeadlineExceeded). A result that arrives after that is released
+// with discard.
+func await[T any](ctx context.Context, what string, open func() (T, error), discard func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := open()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				discard(r.v)
+			}
+		}()
+		var zero T
+		return zero, fmt.Errorf("pulsar: %s: %w", what, ctx.Err())
+	}
 }
 
 // toProducerMessage converts a driver message: the key as key and ordering

@@ -72,19 +72,19 @@ func clientOptions(u *url.URL) (pulsar.ClientOptions, error) {
 		p, v := pv.Name, pv.Value
 		var err error
 		switch p {
-		case "tlscafile":
+		case "tls_ca_file":
 			co.TLSTrustCertsFilePath = v
-		case "tlsallowinsecure":
+		case "tls_allow_insecure":
 			co.TLSAllowInsecureConnection, err = strconv.ParseBool(v)
-		case "tlsvalidatehostname":
+		case "tls_validate_hostname":
 			co.TLSValidateHostname, err = strconv.ParseBool(v)
-		case "tlscertfile":
+		case "tls_cert_file":
 			certFile = v
-		case "tlskeyfile":
+		case "tls_key_file":
 			keyFile = v
 		case "token":
 			co.Authentication = pulsar.NewAuthenticationToken(v)
-		case "tokenfile":
+		case "token_file":
 			co.Authentication = pulsar.NewAuthenticationTokenFromFile(v)
 		default:
 			continue
@@ -94,23 +94,37 @@ func clientOptions(u *url.URL) (pulsar.ClientOptions, error) {
 		}
 	}
 	if (certFile == "") != (keyFile == "") {
-		return co, badParam(u, "tlscertfile", "tlscertfile and tlskeyfile go together")
+		return co, badParam(u, "tls_cert_file", "tls_cert_file and tls_key_file go together")
 	}
 	if certFile != "" {
 		co.Authentication = pulsar.NewAuthenticationTLS(certFile, keyFile)
 	}
 	_, hasToken := q["token"]
-	_, hasTokenFile := q["tokenfile"]
+	_, hasTokenFile := q["token_file"]
 	if hasToken && hasTokenFile {
-		return co, badParam(u, "token", "give token or tokenfile, not both")
+		return co, badParam(u, "token", "give token or token_file, not both")
 	}
 	return co, nil
 }
 
 var clientParamNames = map[string]bool{
-	"tlscafile": true, "tlsallowinsecure": true, "tlsvalidatehostname": true,
-	"tlscertfile": true, "tlskeyfile": true, "token": true, "tokenfile": true,
+	"tls_ca_file": true, "tls_allow_insecure": true, "tls_validate_hostname": true,
+	"tls_cert_file": true, "tls_key_file": true, "token": true, "token_file": true,
 }
+
+// urlParams are the parameters of a pulsar URL; deprecatedParams their old
+// spellings, still accepted.
+var (
+	urlParams = []string{
+		"tls_ca_file", "tls_allow_insecure", "tls_validate_hostname", "tls_cert_file", "tls_key_file", "token", "token_file",
+		"admin", "batching", "max_message_size", "subscription", "ordering", "sticky", "receiver_queue", "max_batch", "lease",
+	}
+	deprecatedParams = map[string]string{
+		"tlscafile": "tls_ca_file", "tlsallowinsecure": "tls_allow_insecure", "tlsvalidatehostname": "tls_validate_hostname",
+		"tlscertfile": "tls_cert_file", "tlskeyfile": "tls_key_file", "tokenfile": "token_file",
+		"maxmessagesize": "max_message_size", "receiverqueue": "receiver_queue", "maxbatch": "max_batch",
+	}
+)
 
 // URLOpener opens pulsar:// and pulsar+ssl:// URLs. Each URL opened gets
 // its own client, closed with the driver.
@@ -118,6 +132,7 @@ type URLOpener struct{}
 
 func init() {
 	for _, s := range []string{Scheme, SchemeTLS} {
+		adapters.RegisterParams(s, adapters.Params{Names: urlParams, Secret: []string{"token"}, Deprecated: deprecatedParams})
 		adapters.DefaultMux().RegisterTopic(s, &URLOpener{})
 		adapters.DefaultMux().RegisterSubscription(s, &URLOpener{})
 	}
@@ -167,7 +182,7 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 				perr = errors.New("want on (key-based) or off; the default batcher is never used")
 			}
 			p.topicO.DisableBatching = !on
-		case "maxmessagesize":
+		case "max_message_size":
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= MetadataRoom {
 				perr = fmt.Errorf("want a size in bytes above %d", MetadataRoom)
@@ -185,12 +200,12 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 		case "sticky":
 			subOnly = true
 			p.subO.StickyHashRanges, perr = parseRanges(v)
-		case "receiverqueue", "maxbatch":
+		case "receiver_queue", "max_batch":
 			subOnly = true
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
 				perr = errors.New("want a positive integer")
-			} else if name == "receiverqueue" {
+			} else if name == "receiver_queue" {
 				p.subO.ReceiverQueueSize = n
 			} else {
 				p.subO.MaxBatch = n
@@ -255,13 +270,9 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	t, err := openTopic(ctx, client, p.topic, &p.topicO)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	t.ownClient = true
-	return t, nil
+	// The driver owns the client, also when ctx ends before the broker
+	// answers: the client is closed when the late answer arrives.
+	return openTopicOwning(ctx, client, p.topic, &p.topicO, true)
 }
 
 // OpenSubscriptionURL opens
@@ -281,13 +292,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: client for %s: %w", u.Host, err)
 	}
-	s, err := openSubscription(ctx, client, p.topic, p.sub, &p.subO)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	s.ownClient = true
-	return s, nil
+	return openSubscriptionOwning(ctx, client, p.topic, p.sub, &p.subO, true)
 }
 
 // adminPath maps persistent://t/n/x to /admin/v2/persistent/t/n/x.

@@ -22,7 +22,7 @@ func Example() {
 	// subscription: opening either URL creates the queue (and
 	// ledger-dead.fifo for dead letters) when it is missing.
 	sub, err := subscribe.Open(ctx,
-		"sqs://ledger.fifo?region=eu-west-1&ordering=ordered&visibility=30s",
+		"sqs://ledger.fifo?region=eu-west-1&ordering=ordered&lease=30s",
 		&subscribe.Config{Workers: 8})
 	if err != nil {
 		panic(err)

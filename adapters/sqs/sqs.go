@@ -15,7 +15,7 @@
 //
 // # URLs
 //
-//	sqs://QUEUE-NAME.fifo?endpoint=http://127.0.0.1:9324&region=us-east-1&ordering=ordered&visibility=30s
+//	sqs://QUEUE-NAME.fifo?endpoint=http://127.0.0.1:9324&region=us-east-1&ordering=ordered&lease=30s
 //
 // The host is the queue name (it must end in .fifo; at most 75 characters,
 // so that the dead-letter queue QUEUE-NAME-dead.fifo fits SQS's 80). Topic
@@ -31,15 +31,18 @@
 //   - ordering: parallel, exclusive or ordered; default ordered. Recorded
 //     in the queue tag keyorder-ordering at creation; opening an existing
 //     queue with another ordering fails with keyorder.CodeFailedPrecondition.
-//   - visibility: the lease (visibility timeout) of a received message, a Go
+//   - lease: the lease (visibility timeout) of a received message, a Go
 //     duration of at least 1s, rounded up to whole seconds; default 30s.
-//   - oldestfirst: true or false (default); see Ordering.
+//   - oldest_first: true or false (default); see Ordering.
 //   - wait: the long-poll wait of one ReceiveMessage call, 0s to 20s;
 //     default 2s (see Delivery semantics).
 //   - subscription: accepted for symmetry with other backends; it must equal
 //     the queue name.
 //
-// Unknown parameters are rejected. Credentials: the URL opener builds its
+// The names are those every backend uses for the same concept; the old
+// spellings visibility and oldestfirst are still accepted (a deprecation
+// warning is logged; giving both spellings is an error). Unknown
+// parameters are rejected. Credentials: the URL opener builds its
 // own client with the SDK's default chain (config.LoadDefaultConfig:
 // environment variables, the shared config and credentials files with the
 // URL's profile, web identity (EKS), container and instance roles), and
@@ -95,7 +98,7 @@
 // in it form a chain, returned consecutively. SQS does not hand out groups
 // oldest first (ElasticMQ, asked for 2 messages of the arrivals a1(A)
 // a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1 before s1).
-// With Options.OldestFirst (URL parameter oldestfirst=true) Receive asks
+// With Options.OldestFirst (URL parameter oldest_first=true) Receive asks
 // for a full batch of 10 and chooses: the oldest group heads first (by
 // SequenceNumber), then their chain tails while room is left, and puts the
 // rest back at once; groups then go oldest first as far as one receive
@@ -600,6 +603,10 @@ type URLOpener struct {
 }
 
 func init() {
+	adapters.RegisterParams(Scheme, adapters.Params{
+		Names:      []string{"endpoint", "region", "profile", "ordering", "lease", "wait", "oldest_first", "subscription"},
+		Deprecated: map[string]string{"visibility": "lease", "oldestfirst": "oldest_first"},
+	})
 	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
 	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
 }
@@ -647,7 +654,7 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 			c.profile = v
 		case "ordering":
 			c.opts.Ordering, perr = policy.ParseOrdering(v)
-		case "visibility":
+		case "lease":
 			c.opts.Visibility, perr = time.ParseDuration(v)
 			if perr == nil && (c.opts.Visibility < time.Second || c.opts.Visibility > MaxVisibility) {
 				perr = fmt.Errorf("want a duration from 1s to %v", MaxVisibility)
@@ -660,7 +667,7 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 			if perr == nil && c.opts.WaitTime == 0 {
 				c.opts.WaitTime = -1
 			}
-		case "oldestfirst":
+		case "oldest_first":
 			c.opts.OldestFirst, perr = strconv.ParseBool(v)
 		case "subscription":
 			if v != c.queue {

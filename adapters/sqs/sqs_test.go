@@ -308,7 +308,7 @@ func TestURLOpenAndOrderingMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer topic.Close()
-	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=exclusive&visibility=5s&subscription="+name)
+	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=exclusive&lease=5s&subscription="+name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ var suiteBackends = []suiteBackend{
 		name:   "sqs",
 		server: testenv.SQS,
 		urls: func(endpoint string) (string, string) {
-			u := "sqs://{topic}.fifo?endpoint=" + url.QueryEscape(endpoint) + "&ordering=ordered&visibility=5s&wait=1s"
+			u := "sqs://{topic}.fifo?endpoint=" + url.QueryEscape(endpoint) + "&ordering=ordered&lease=5s&wait=1s"
 			return u, u
 		},
 		features: withFeatures(func(f *tests.Features) {

@@ -36,9 +36,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -187,31 +187,19 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 	return pos[0], nil
 }
 
-// addSecrets records raw's password and secret-looking query values, so
-// clean removes them from anything printed.
+// addSecrets records what adapters.Redact hides of raw (its password, the
+// values of secret-looking and undeclared parameters, the whole string when
+// it is not a URL), so clean removes them from anything printed, a broker's
+// error message included.
 func (c *cli) addSecrets(raw string) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		// Unparseable: keep the whole string out of the output.
-		c.secrets = append(c.secrets, raw)
-		return
-	}
-	if p, ok := u.User.Password(); ok && p != "" {
-		c.secrets = append(c.secrets, p, url.QueryEscape(p), url.PathEscape(p))
-	}
-	for k, vs := range u.Query() {
-		if adapters.IsSensitiveParam(k) {
-			for _, v := range vs {
-				if v != "" {
-					c.secrets = append(c.secrets, v, url.QueryEscape(v))
-				}
-			}
-		}
-	}
+	c.secrets = append(c.secrets, adapters.URLSecrets(raw)...)
+	// Longest first, so that a secret inside another is not left half.
+	slices.SortStableFunc(c.secrets, func(a, b string) int { return len(b) - len(a) })
 }
 
-// redact returns raw as it may be printed.
-func (c *cli) redact(raw string) string { return c.clean(raw) }
+// redact returns raw as it may be printed: adapters.RedactString, the one
+// redaction every backend's errors use, then clean.
+func (c *cli) redact(raw string) string { return c.clean(adapters.RedactString(raw)) }
 
 // clean replaces every registered secret in s.
 func (c *cli) clean(s string) string {

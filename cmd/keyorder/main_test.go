@@ -51,6 +51,14 @@ func TestRedaction(t *testing.T) {
 		"postgres://ops:t0psecret@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1",
 		"postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&sslpassword=t0psecret&connect_timeout=1",
 		"::not a url t0psecret",
+		"mem://t?subscription=s&pasword=t0psecret",
+		"mem://t?pasword=t0psecret&subscription=s&max_batch=x",
+		"postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&secret_key=t0psecret",
+		"postgres://ops@127.0.0.1:1/db?topic=t&access_token=t0psecret&subscription=s&max_batch=x",
+		"pubsub://p/t?subscription=s&apikey=t0psecret",
+		"sqs://q.fifo?sessiontoken=t0psecret&lease=x",
+		"pulsar://h:1/a/b/t?subscription=s&private_key=t0psecret&lease=x",
+		"host=127.0.0.1 port=1 user=ops password=t0psecret dbname=db",
 	} {
 		code, stdout, stderr := cmd(t, "", "stats", raw)
 		if code == exitOK {

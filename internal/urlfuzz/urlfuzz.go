@@ -23,15 +23,16 @@ const Marker = "S3cr3tM4rk"
 func Seed(f *testing.F, queries ...string) {
 	base := []string{"", "bogus=1", "a=%zz", "a=1&a=2", "a;b=1", "=x", "%zz=1", "a=1&&b=2", "x=1#frag", "endpoint=http%3A%2F%2Fu%3Ap%40h"}
 	for _, q := range append(base, queries...) {
-		f.Add(uint8(7), "app", "pw", "host", "/path", q)
+		f.Add(uint8(15), "app", "pw", "host", "/path", q)
 		f.Add(uint8(0), "", "", "host", "", q)
 		f.Add(uint8(4), "", "pw", "", "", q)
 	}
 }
 
 // Check builds scheme://user:SECRET@host path?query&password=SECRET&
-// sslpassword=SECRET (where, a bit mask, says which of the three secrets are
-// planted: 1 userinfo, 2 password, 4 sslpassword), parses
+// sslpassword=SECRET&pasword=SECRET (where, a bit mask, says which of the
+// four secrets are planted: 1 userinfo, 2 password, 4 sslpassword, 8 the
+// misspelled pasword, which no scheme reads), parses
 // it as the mux does and then with parse (the adapter's URL parsing), and
 // fails t if an error echoes the secret, an error does not match
 // keyorder.ErrBadURL, or parsing succeeded although the query had a
@@ -56,6 +57,9 @@ func Check(t *testing.T, scheme string, where uint8, user, secret, host, path, q
 	}
 	if where&4 != 0 {
 		q = append(q, "sslpassword="+url.QueryEscape(secret))
+	}
+	if where&8 != 0 {
+		q = append(q, "pasword="+url.QueryEscape(secret))
 	}
 	raw := scheme + "://" + ui + host + path
 	if len(q) > 0 {
