@@ -39,9 +39,10 @@
 // still delays the others in the broker's own order.
 //
 // Config.Throttles are token buckets checked just before each handler call.
-// A message whose bucket is empty waits in its lane as a retried message
-// does (its group held under Ordered, nothing held under Parallel and
-// Exclusive, its flow-control token given back, its lease kept alive), but
+// A message whose bucket is empty waits at the head of its group in its
+// lane (its group held under Ordered and Exclusive, since it has not
+// failed; nothing held under Parallel; its flow-control token given back,
+// its lease kept alive), but
 // its wait is not an attempt and, on brokers that hold groups natively, it
 // is not handed back: it stays in process until its bucket has a token.
 //
