@@ -271,6 +271,7 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, 
 	e.lease = l
 	l.msg.AckID = l
 	l.msg.Attempt = e.attempts
+	l.msg.Copy = e // a redrive makes a new entry
 	return &l.msg
 }
 

@@ -245,6 +245,7 @@ func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *adapters.M
 	d := &delivery{id: pm.ID(), gen: g, deadline: time.Now().Add(s.opts.Lease)}
 	m.AckID = d
 	m.Attempt = int(pm.RedeliveryCount()) + 1
+	m.Copy = copyOf(pm.ID()) // a redrive publishes a new message
 	s.mu.Lock()
 	s.tracked[d] = struct{}{}
 	s.mu.Unlock()
@@ -278,6 +279,18 @@ func fromMessage(pm pulsar.Message) *adapters.Message {
 		m.ID = idString(pm.ID())
 	}
 	return m
+}
+
+// position is a message's place in its topic (a batch member included),
+// the same on each of its redeliveries: it is the driver's
+// adapters.Message.Copy.
+type position struct {
+	ledger, entry    int64
+	partition, batch int32
+}
+
+func copyOf(id pulsar.MessageID) position {
+	return position{id.LedgerID(), id.EntryID(), id.PartitionIdx(), id.BatchIdx()}
 }
 
 // idString names a message (a batch member included) when it carries no
