@@ -51,6 +51,7 @@ var cases = []testCase{
 	{"HeldGroupWithBacklogHoldsOnlyItself", Spec{Ordering: policy.Ordered}, heldGroupWithBacklog},
 	{"DeadLetterThenGroupContinues", Spec{Ordering: policy.Ordered}, deadLetterThenContinue},
 	{"RedriveOrder", Spec{Ordering: policy.Ordered}, redriveOrder},
+	{"RedriveAfterDeadLetterErrorRuns", Spec{Ordering: policy.Ordered}, redriveAfterDeadLetterError},
 	{"MissingKeyRejectVsUnordered", Spec{Ordering: policy.Ordered}, missingKey},
 	{"ExclusiveAllowsOvertaking", Spec{Ordering: policy.Exclusive}, exclusiveOvertakes},
 	{"ParallelRunsKeyConcurrently", Spec{Ordering: policy.Parallel}, parallelConcurrent},
@@ -503,6 +504,7 @@ func crashHoldingChain(f *fixture) {
 	f.publish(p, "a1:A", "a2:A", "a3:A")
 	crashed := f.consumer()
 	var held []string
+	copies := map[string]any{} // adapters.Message.Copy of what the crashed consumer held
 	for len(held) < 3 {
 		// What arrives within a short wait after the first receive is
 		// part of the same hand-out (a streaming backend delivers a key's
@@ -521,6 +523,7 @@ func crashHoldingChain(f *fixture) {
 		}
 		for _, m := range ms {
 			held = append(held, string(m.Payload))
+			copies[string(m.Payload)] = m.Copy
 		}
 	}
 	if !slices.Equal(held, []string{"a1", "a2", "a3"}[:len(held)]) {
@@ -528,8 +531,17 @@ func crashHoldingChain(f *fixture) {
 	}
 	f.t.Logf("the crashed consumer held %v", held)
 	lease := crashed.Capabilities().LeaseDuration
-	f.subscribe(&subscribe.Config{Workers: 2}, nil)
+	next := &copyLog{Subscription: f.consumer()}
+	f.subscribeOn(next, &subscribe.Config{Workers: 2}, nil)
 	f.waitFor(int(4*lease/f.unit)+40, "a3 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a3") })
+	// The redeliveries are of the same copies (what tells them from a
+	// redriven message; see RedriveAfterDeadLetterErrorRuns).
+	for name, c := range copies {
+		if again := next.first(name); c != nil && again != c {
+			f.t.Errorf("%s redelivered with Copy %v, delivered to the crashed consumer with %v: "+
+				"adapters.Message.Copy must be equal on every delivery of one copy", name, again, c)
+		}
+	}
 	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a1", "a2", "a3"}) {
 		f.t.Fatalf("after the crash group A handled %v, want a1 a2 a3", got)
 	}
