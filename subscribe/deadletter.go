@@ -71,7 +71,18 @@ func (s *Subscriber) undeadNote(m *adapters.Message) (deadNote, bool) {
 		return dn, false
 	}
 	if dn.copy != nil && m.Copy != nil {
-		return dn, dn.copy == m.Copy
+		return dn, sameCopy(dn.copy, m.Copy)
 	}
 	return dn, m.Attempt > dn.attempt
+}
+
+// sameCopy reports whether two adapters.Message.Copy values are equal;
+// values that == cannot compare (a driver breaking the contract) differ.
+func sameCopy(a, b any) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }
