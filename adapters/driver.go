@@ -70,6 +70,15 @@ type Message struct {
 	// PublishTime is when the broker accepted the message (set by Receive
 	// when known).
 	PublishTime time.Time
+	// Copy identifies the broker's copy of the message that this delivery
+	// is of (set by Receive): every delivery of one copy carries an equal
+	// value, and a copy the broker took in anew carries another: a
+	// redriven dead letter (DeadLetterStore.Redrive), or the same ID
+	// published again. It must be comparable with ==; nil when the broker
+	// has no such identity. The portable layer tells by it a redelivery of
+	// a message whose DeadLetter call failed (to be dead-lettered again,
+	// unrun) from a redriven one (to be run).
+	Copy any
 }
 
 // Limits are a backend's constraints on messages (see keyorder.Limits). The

@@ -313,7 +313,7 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 		if it.parked {
 			s.unpark(it)
 		}
-		switch dn, undead := s.undead.get(it.m.ID); {
+		switch dn, undead := s.undeadNote(it.m); {
 		case it.lost.Load():
 			// The broker redelivers it: nothing behind it may run first.
 			s.cut(c.batch[k:])

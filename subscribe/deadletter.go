@@ -40,5 +40,49 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 		return 0, fmt.Errorf("redrive: %w", keyorder.ErrUnsupported)
 	}
 	n, err := st.Redrive(ctx, ids)
+	if n > 0 {
+		// A redriven message runs, even where the driver names no copies
+		// (undeadNote).
+		for _, id := range ids {
+			s.undead.remove(id)
+		}
+	}
 	return n, adapters.WrapError("redrive", err, s.drv.ErrorCode)
+}
+
+// undeadNote returns the note a DeadLetter call that was given up left for
+// m (see deadLetterAs), if m is a redelivery of the copy the call was made
+// on: that copy's fate is decided, so it is dead-lettered again, unrun.
+//
+// A call that failed may have taken effect all the same (the broker acted;
+// its answer was lost). Then the message comes back only redriven, by this
+// Subscriber's Redrive or by another process's (`keyorder dead redrive`):
+// a new copy with a fresh attempt count, which must run. So a note applies
+// to the copy it was made on (adapters.Message.Copy), not to the message ID.
+// Where the driver names no copies, it applies to a delivery whose attempt
+// is higher than the one the call was made on: the lost lease of a message
+// that ran counts an attempt, and a redrive starts the count afresh. (A
+// broker that counts no attempts then never dead-letters a redelivery
+// again: the message runs again, at least once, rather than a redriven
+// message never running.)
+func (s *Subscriber) undeadNote(m *adapters.Message) (deadNote, bool) {
+	dn, ok := s.undead.get(m.ID)
+	if !ok {
+		return dn, false
+	}
+	if dn.copy != nil && m.Copy != nil {
+		return dn, sameCopy(dn.copy, m.Copy)
+	}
+	return dn, m.Attempt > dn.attempt
+}
+
+// sameCopy reports whether two adapters.Message.Copy values are equal;
+// values that == cannot compare (a driver breaking the contract) differ.
+func sameCopy(a, b any) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }

@@ -164,5 +164,9 @@
 // broker, which redelivers it when its lease expires; a redelivered message
 // whose handler already succeeded is acknowledged without running again,
 // and one this process dead-lettered is dead-lettered again (with its
-// reason and attempts), also without running.
+// reason and attempts), also without running. That goes for a redelivery
+// of the same copy only (the broker's copy of the message, as its driver
+// names it): a DeadLetter call that failed may have taken effect, and the
+// message, redriven (by Redrive or by another process), is a new copy and
+// runs.
 package subscribe

@@ -38,7 +38,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
 		return lanes.Done()
 	}
-	if dn, ok := s.undead.get(m.ID); ok {
+	if dn, ok := s.undeadNote(m); ok {
 		// A redelivery of a message this process dead-lettered, whose
 		// DeadLetter call did not land: its fate is decided.
 		s.deadLetterAs(it, dn.reason, dn.attempts)
@@ -139,17 +139,20 @@ func (s *Subscriber) deadLetter(it *item, reason string) {
 func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
 	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
 	if err != nil {
-		s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts})
+		s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt})
 	} else {
 		s.undead.remove(it.m.ID)
 	}
 }
 
 // deadNote is a dead letter's reason and attempts, kept for its
-// redelivery.
+// redelivery, and the delivery the failed call was made on: its copy and
+// the broker's attempt (see undeadNote).
 type deadNote struct {
 	reason   string
 	attempts int
+	copy     any
+	attempt  int
 }
 
 // call runs the handler, turning a panic into an error. end ends the

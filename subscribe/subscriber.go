@@ -50,8 +50,8 @@ type Subscriber struct {
 
 	acked *idSet
 	// undead remembers, per message ID, the dead letters whose DeadLetter
-	// call was given up, so a redelivery is dead-lettered again without
-	// running the handler.
+	// call was given up, so a redelivery of the same copy is dead-lettered
+	// again without running the handler (undeadNote).
 	undead *noteSet[deadNote]
 	stats  counters
 

@@ -38,9 +38,14 @@
 //
 // # Delivery semantics
 //
-// At least once. A lease that expires counts an attempt and makes the
-// message deliverable again (InProcess: with every later delivered message
-// of its key, acknowledged or not, as Pub/Sub does).
+// At least once. A lease that expires makes the message deliverable again
+// (InProcess: with every later delivered message of its key, acknowledged
+// or not, as Pub/Sub does). It counts an attempt only for a message that
+// may have been running, as adapters.Message.Attempt defines and
+// PostgreSQL counts: under Ordered the first unsettled message of a chain
+// (InProcess: of the key's delivered messages), unless a message before it
+// in the chain was nacked; under Exclusive the first unsettled one of a
+// chain; under Parallel every one. The rest come back as not run.
 //
 // # Fault injection
 //
@@ -433,7 +438,8 @@ var ErrCrashed = errors.New("memory: consumer crashed (fault injection)")
 // every call fails with ErrCrashed without reaching the broker (a Receive
 // under way returns it at once), so nothing it holds is acknowledged,
 // returned or extended, and its leases expire after the subscription's
-// lease duration, each counting an attempt, as a dead process's would. A
+// lease duration, counting an attempt for the messages that may have been
+// running (see Delivery semantics), as a dead process's would. A
 // consumer opened afterwards with Broker.SubscriptionDriver plays the
 // restarted process. It is a fault-injection hook for tests of lost
 // consumers.
@@ -474,7 +480,10 @@ func (d *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
 func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
 	ms := []*adapters.Message{m}
 	return d.inject(OpNack, ms, func() error {
-		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.retry(l, now.Add(delay), true) })
+		return d.s.settle(ms, func(l *lease, now time.Time) {
+			l.nacked = true
+			d.s.retry(l, now.Add(delay), true, !d.s.ordered())
+		})
 	})
 }
 
@@ -483,7 +492,7 @@ func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 // the later delivered messages of its key with it.
 func (d *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
 	return d.inject(OpRelease, ms, func() error {
-		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false) })
+		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false, false) })
 	})
 }
 

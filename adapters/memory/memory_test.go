@@ -275,3 +275,72 @@ func TestCreateSubscriptionRejectsUnknownEnums(t *testing.T) {
 		}
 	}
 }
+
+// A consumer that dies holding a chain of a key loses its leases; only the
+// message that may have been running (under Ordered and Exclusive the
+// chain's first unsettled one) comes back with an attempt counted, as
+// PostgreSQL counts (adapters.Message.Attempt); the rest never ran.
+func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
+	type shape struct {
+		name     string
+		ordering policy.Ordering
+		hold     memory.Hold
+		settle   func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error
+		want     []int // attempts of a1 a2 a3 (and a4) at the next receive
+	}
+	nothing := func(context.Context, *memory.Subscription, []*adapters.Message) error { return nil }
+	ackFirst := func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error {
+		return c.Ack(ctx, got[:1])
+	}
+	nackFirst := func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error {
+		return c.Nack(ctx, got[0], 0)
+	}
+	for _, s := range []shape{
+		{"native ordered", policy.Ordered, memory.Native, nothing, []int{2, 1, 1, 1}},
+		{"native exclusive", policy.Exclusive, memory.Native, nothing, []int{2, 1, 1, 1}},
+		{"native ordered, first acked", policy.Ordered, memory.Native, ackFirst, []int{2, 1, 1}},
+		// a1 failed (its attempt is counted by the Nack); nothing behind
+		// it ran under Ordered.
+		{"native ordered, first nacked", policy.Ordered, memory.Native, nackFirst, []int{2, 1, 1, 1}},
+		{"inprocess ordered", policy.Ordered, memory.InProcess, nothing, []int{2, 1, 1, 1}},
+		{"inprocess ordered, first acked", policy.Ordered, memory.InProcess, ackFirst, []int{2, 1, 1}},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := memory.NewBroker()
+				b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: s.ordering, Hold: s.hold, Chain: 3, LeaseDuration: 10 * time.Second})
+				send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"})
+				ctx := context.Background()
+				c1, _ := b.SubscriptionDriver("s")
+				got, _ := c1.Receive(ctx, 3)
+				if !slices.Equal(ids(got), []string{"a1", "a2", "a3"}) {
+					t.Fatalf("c1 got %v, want the chain a1 a2 a3", ids(got))
+				}
+				if err := s.settle(ctx, c1, got); err != nil {
+					t.Fatal(err)
+				}
+				c1.Crash()
+				time.Sleep(11 * time.Second)
+				c2, _ := b.SubscriptionDriver("s")
+				var attempts []int
+				var names []string
+				for len(attempts) < len(s.want) {
+					ms, err := c2.Receive(ctx, 10)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, m := range ms {
+						names = append(names, m.ID)
+						attempts = append(attempts, m.Attempt)
+					}
+					if err := c2.Ack(ctx, ms); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !slices.Equal(attempts, s.want) {
+					t.Fatalf("after the crash c2 got %v at attempts %v, want %v", names, attempts, s.want)
+				}
+			})
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/internal/groupq"
 	"github.com/keyorder/keyorder/internal/slab"
+	"github.com/keyorder/keyorder/policy"
 )
 
 // entry is one message on one subscription.
@@ -37,6 +38,12 @@ type lease struct {
 	// msg is the delivered copy; its AckID is the lease itself (one
 	// allocation per delivery, and no boxing of an id).
 	msg adapters.Message
+	// prev is the member of the same chain (Native: messages of one key
+	// handed out by one receive) taken just before this one; nil for a
+	// chain's first. nacked: settled by Nack. Together they tell which
+	// member of an expired chain may have been running (see lostCounts).
+	prev   *lease
+	nacked bool
 }
 
 // leaseOf returns m's lease if it is still held.
@@ -253,7 +260,7 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 	}
 }
 
-func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time) *adapters.Message {
+func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, now time.Time) *adapters.Message {
 	e.attempts++
 	s.nextLease++
 	var l *lease
@@ -263,7 +270,7 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time
 	} else {
 		l = new(lease)
 	}
-	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg}
+	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg, prev: prev}
 	s.leases[l.id] = l
 	e.lease = l
 	// Each delivery gets its own payload: what a consumer writes into it
@@ -272,6 +279,7 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], now time.Time
 	l.msg.Payload = s.payloads.Copy(e.msg.Payload)
 	l.msg.AckID = l
 	l.msg.Attempt = e.attempts
+	l.msg.Copy = e // a redrive makes a new entry
 	return &l.msg
 }
 
@@ -283,12 +291,13 @@ func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Messag
 			if !ok {
 				break
 			}
-			out = append(out, s.newLease(h.Item.Value, h, now))
+			out = append(out, s.newLease(h.Item.Value, h, nil, now))
 			for c := 1; c < s.cfg.Chain && len(out) < max; c++ {
 				if h, ok = s.q.PopNext(h, now); !ok {
 					break
 				}
-				out = append(out, s.newLease(h.Item.Value, h, now))
+				prev := out[len(out)-1].AckID.(*lease)
+				out = append(out, s.newLease(h.Item.Value, h, prev, now))
 			}
 		}
 		return out
@@ -308,7 +317,7 @@ func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Messag
 			k.owner = consumer
 			k.delivered++
 		}
-		out = append(out, s.newLease(e, groupq.Handle[*entry]{}, now))
+		out = append(out, s.newLease(e, groupq.Handle[*entry]{}, nil, now))
 	}
 	clear(s.pending[len(kept):])
 	s.pending = kept
@@ -329,18 +338,63 @@ func (s *subscription) nextWake() (time.Time, bool) {
 	return wake, ok
 }
 
-// expire returns messages whose lease ran out; the claim already counted
-// the attempt.
+// expire returns messages whose lease ran out. The claim counted an attempt
+// for each; it stands only for a message that may have been running when
+// the lease was lost (lostCounts), as PostgreSQL counts (its migration
+// 002): the others are given back as not run.
 func (s *subscription) expire(now time.Time) {
+	var expired []*lease
 	for _, l := range s.leases {
-		if l.deadline.After(now) {
-			continue
+		if !l.deadline.After(now) {
+			expired = append(expired, l)
 		}
-		if s.leases[l.id] != l {
-			continue // removed by an earlier redelivery in this loop
-		}
-		s.retry(l, time.Time{}, true)
 	}
+	if len(expired) == 0 {
+		return
+	}
+	// Decided for all before any is given back: giving one back changes
+	// what is held.
+	counted := make([]bool, len(expired))
+	for i, l := range expired {
+		counted[i] = s.lostCounts(l)
+	}
+	for i, l := range expired {
+		if s.leases[l.id] != l {
+			continue // given back with an earlier one of its key (InProcess)
+		}
+		s.retry(l, time.Time{}, counted[i], !s.ordered())
+	}
+}
+
+// ordered reports whether the subscription is Ordered.
+func (s *subscription) ordered() bool { return s.cfg.Ordering == policy.Ordered }
+
+// lostCounts reports whether the loss of l's lease counts an attempt: whether
+// its message may have been running (adapters.Message.Attempt). Under
+// Ordered only the first unsettled message of a key's chain may have been,
+// and none behind a message nacked under the same chain; under Exclusive
+// the first unsettled one of a chain (a nacked one is settled, and later
+// ones run after it). InProcess, the broker cannot see chains: under
+// Ordered it counts for the first unacknowledged delivered message of the
+// key. Everything else counts: any of it may have been running.
+func (s *subscription) lostCounts(l *lease) bool {
+	if s.q == nil {
+		e := l.e
+		if !s.ordered() || e.msg.Key == "" {
+			return true
+		}
+		k := s.keys[e.msg.Key]
+		return k == nil || len(k.log) == 0 || k.log[0] == e
+	}
+	if s.cfg.Ordering == policy.Parallel {
+		return true
+	}
+	for p := l.prev; p != nil; p = p.prev {
+		if s.leases[p.id] == p || (p.nacked && s.ordered()) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *subscription) settle(ms []*adapters.Message, fn func(l *lease, now time.Time)) error {
@@ -407,8 +461,10 @@ func (s *subscription) ack(l *lease) {
 
 // retry returns a leased message: at its retry time (Native), or at once
 // with every later delivered message of its key (InProcess, as Pub/Sub
-// redelivers). counted says whether the claim counts as an attempt.
-func (s *subscription) retry(l *lease, at time.Time, counted bool) {
+// redelivers). counted says whether the claim counts as an attempt, and
+// laterCounted (InProcess) whether it counts for the later messages
+// returned with it.
+func (s *subscription) retry(l *lease, at time.Time, counted, laterCounted bool) {
 	s.dropLease(l)
 	e := l.e
 	if !counted {
@@ -425,8 +481,8 @@ func (s *subscription) retry(l *lease, at time.Time, counted bool) {
 		for _, o := range k.log[i+1 : k.delivered] {
 			if o.lease != nil {
 				s.dropLease(o.lease)
-				if !counted {
-					o.attempts-- // returned unhandled with e
+				if !laterCounted {
+					o.attempts-- // returned unrun with e
 				}
 			}
 			o.acked = false

@@ -281,6 +281,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 				a.chain = c
 			}
 			m.AckID = a
+			m.Copy = id // a redrive inserts a new row
 			out = append(out, m)
 		}
 		return rows.Err()

@@ -116,6 +116,12 @@
 // behind its key's later messages. Handlers that must not run more than a
 // fixed number of times in total keep their own count keyed by the
 // message ID.
+//
+// The other way round, a process that dies holding several messages of a
+// key gets every one of them redelivered with the service's count raised,
+// though under Ordered only the first can have been running: the others
+// arrive with an Attempt one higher than their runs (adapters.Message.Attempt
+// counts runs; the driver cannot tell which one ran).
 package pubsub
 
 import (

@@ -279,6 +279,7 @@ func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answ
 	}
 	m.AckID = &delivery{ackID: rm.AckId, deadline: leased.Add(s.lease)}
 	m.Attempt = max(int(rm.DeliveryAttempt), 1)
+	m.Copy = pm.GetMessageId() // a redrive publishes a new message
 	return m
 }
 

@@ -73,8 +73,11 @@
 // renewed by ExtendLeases (the subscriber does this while the message is
 // held or handled). When a lease runs out unrenewed, the consumer is stuck
 // (its process hangs), and the driver's watchdog negatively acknowledges the
-// expired messages, so that the broker counts the attempt, then closes the
-// consumer, so that the broker moves its keys to another consumer. It
+// expired messages that may have been running (under Ordered only each
+// key's first unsettled one: nothing behind it runs before it is done), so
+// that the broker counts the attempt, then closes the consumer, so that the
+// broker moves its keys to another consumer, and the other messages come
+// back with their count unchanged (adapters.Message.Attempt). It
 // reports every message of the closed consumer lost, and resubscribes on the
 // next Receive. The driver uses no ack timeout (the Go client has none).
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -85,6 +86,10 @@ type generation struct {
 type delivery struct {
 	id  pulsar.MessageID
 	gen *generation
+	// key and seq (receive order) tell the watchdog which of a key's
+	// unsettled messages may have been running.
+	key string
+	seq uint64
 	mu  sync.Mutex
 	// deadline is when the lease runs out unless extended.
 	deadline time.Time
@@ -113,6 +118,7 @@ type subscriptionDriver struct {
 	closed   bool
 	gen      *generation
 	tracked  map[*delivery]struct{}
+	seq      uint64          // deliveries tracked so far
 	deadProd pulsar.Producer // DeadLetter, redrive markers
 	topicPrd pulsar.Producer // Redrive
 	stop     chan struct{}
@@ -261,10 +267,13 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 
 func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *adapters.Message {
 	m := fromMessage(pm)
-	d := &delivery{id: pm.ID(), gen: g, deadline: time.Now().Add(s.opts.Lease)}
+	d := &delivery{id: pm.ID(), gen: g, key: m.Key, deadline: time.Now().Add(s.opts.Lease)}
 	m.AckID = d
 	m.Attempt = int(pm.RedeliveryCount()) + 1
+	m.Copy = copyOf(pm.ID()) // a redrive publishes a new message
 	s.mu.Lock()
+	s.seq++
+	d.seq = s.seq
 	s.tracked[d] = struct{}{}
 	s.mu.Unlock()
 	return m
@@ -297,6 +306,18 @@ func fromMessage(pm pulsar.Message) *adapters.Message {
 		m.ID = idString(pm.ID())
 	}
 	return m
+}
+
+// position is a message's place in its topic (a batch member included),
+// the same on each of its redeliveries: it is the driver's
+// adapters.Message.Copy.
+type position struct {
+	ledger, entry    int64
+	partition, batch int32
+}
+
+func copyOf(id pulsar.MessageID) position {
+	return position{id.LedgerID(), id.EntryID(), id.PartitionIdx(), id.BatchIdx()}
 }
 
 // idString names a message (a batch member included) when it carries no
@@ -409,9 +430,12 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Me
 }
 
 // watchdog gives up the consumer when a lease ran out: it stops Receive
-// taking from it, nacks the expired messages (so the broker counts the
-// attempt; a disconnect alone does not), then closes it (so the broker
-// moves its keys and redelivers its unacknowledged messages).
+// taking from it, nacks the expired messages that may have been running
+// (so the broker counts the attempt; a disconnect alone does not), then
+// closes it (so the broker moves its keys and redelivers its
+// unacknowledged messages). Under Ordered only a key's first unsettled
+// message may have been running: the later ones come back uncounted
+// (adapters.Message.Attempt).
 func (s *subscriptionDriver) watchdog() {
 	defer s.wg.Done()
 	t := time.NewTicker(max(s.opts.Lease/4, 10*time.Millisecond))
@@ -437,6 +461,16 @@ func (s *subscriptionDriver) watchdog() {
 			s.mu.Unlock()
 			continue
 		}
+		n := len(expired)
+		if s.opts.Ordering == policy.Ordered {
+			first := map[string]uint64{} // each key's first unsettled delivery
+			for d := range s.tracked {
+				if d.gen == g && d.key != "" && (first[d.key] == 0 || d.seq < first[d.key]) {
+					first[d.key] = d.seq
+				}
+			}
+			expired = slices.DeleteFunc(expired, func(d *delivery) bool { return d.key != "" && d.seq != first[d.key] })
+		}
 		s.gen = nil
 		for d := range s.tracked {
 			if d.gen == g {
@@ -446,7 +480,7 @@ func (s *subscriptionDriver) watchdog() {
 		s.mu.Unlock()
 		g.once.Do(func() { close(g.expired) })
 		s.opts.Logger.Warn("keyorder: pulsar: a lease ran out; giving up the consumer so the broker moves its keys",
-			"topic", s.topic, "subscription", s.name, "expired", len(expired))
+			"topic", s.topic, "subscription", s.name, "expired", n, "nacked", len(expired))
 		for _, d := range expired {
 			g.consumer.NackID(d.id)
 		}

@@ -411,6 +411,7 @@ func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *adapters.Mess
 	if m.ID == "" {
 		m.ID = d.sqsID
 	}
+	m.Copy = d.sqsID // a redrive sends a new message
 	m.Attempt = s.attempt(rm, m, tail)
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)
