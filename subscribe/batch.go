@@ -327,7 +327,7 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 			c.batch = c.batch[:0]
 			return s.runBatch(ctx, h, c, run)
 		case undead:
-			s.deadLetterAs(it, dn.reason, dn.attempts)
+			s.redeliveredDead(it, dn)
 		case it.attempt > s.cfg.Retry.MaxAttempts:
 			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 		default:
@@ -422,15 +422,27 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		return lanes.Done()
 	}
 	if leaseCut {
-		// Cancelled because another member's lease was lost (it is not
-		// lost itself): not its fault either, so, as at shutdown, it and
-		// those behind it go back without counting an attempt, the lost
-		// ones dropped (the broker redelivers them, counted) and the
-		// others released, before the lost member's redelivery.
+		// Cancelled because a later member's lease was lost (this one's
+		// is not): not its fault, so no attempt counts. The members
+		// before the first lost one still hold their leases: they run
+		// again in process, first, keeping their place at the head of the
+		// key (WaitAt), since the broker redelivers the lost one (and,
+		// where it streams a key, those after it) and none of those may
+		// run before them; handing them back instead would put them
+		// behind that redelivery. From the first lost member on, the
+		// lost are dropped and the others released.
 		observed(end, OutcomeReleased, cause)
 		notRun()
-		s.cut(run[i:])
-		return lanes.Done()
+		k := i
+		for k < len(run) && !run[k].lost.Load() {
+			k++
+		}
+		s.cut(run[k:])
+		if k == i {
+			return lanes.Done()
+		}
+		c.batch = run[i:k]
+		return lanes.WaitAt(time.Time{})
 	}
 	var perm *keyorder.PermanentError
 	dead := ""

@@ -50,9 +50,9 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 	return n, adapters.WrapError("redrive", err, s.drv.ErrorCode)
 }
 
-// undeadNote returns the note a DeadLetter call that was given up left for
-// m (see deadLetterAs), if m is a redelivery of the copy the call was made
-// on: that copy's fate is decided, so it is dead-lettered again, unrun.
+// undeadNote returns the note a DeadLetter call left for m (see
+// deadLetterAs), if m is a redelivery of the copy the call was made on:
+// that copy's fate is decided, so it does not run (redeliveredDead).
 //
 // A call that failed may have taken effect all the same (the broker acted;
 // its answer was lost). Then the message comes back only redriven, by this

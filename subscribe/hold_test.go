@@ -428,3 +428,50 @@ func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 		}
 	})
 }
+
+// A broker that streams a key (Pub/Sub; memory's InProcess shape)
+// redelivers, when a message's lease runs out, the key's later messages
+// too, dead-lettered ones included. Such a redelivery of a message this
+// process dead-lettered must not run again (it would run after messages of
+// its key that ran after it was dead-lettered, and be dead-lettered twice):
+// it is acknowledged, as a redelivery of an acknowledged message is. Found
+// by TestPropertyPromiseUnderRandomScenarios.
+func TestRedeliveryOfDeadLetteredCopyDoesNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, _ := w.b.SubscriptionDriver("s")
+		drv := &stallingLeases{Subscription: raw}
+		var log startLog
+		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			log.add(d.ID)
+			switch {
+			case d.ID == "a1" && d.Attempt == 1:
+				drv.stall(15 * time.Second) // a1's lease runs out while it waits
+				return keyorder.RetryAfter(errors.New("later"), 30*time.Second)
+			case d.ID == "a2":
+				return keyorder.Permanent(errors.New("poison"))
+			}
+			return nil
+		})
+		stop = stopOnce(stop)
+		defer stop()
+		w.publish(t, "a1", "A")
+		w.publish(t, "a2", "A")
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		stop()
+		var a2 int
+		for _, id := range log.get() {
+			if id == "a2" {
+				a2++
+			}
+		}
+		dead, _ := raw.DeadLetters(context.Background(), 0)
+		if a2 != 1 || len(dead) != 1 {
+			t.Fatalf("a2 ran %d times and %d dead letters were made (handled %v); want once and one", a2, len(dead), log.get())
+		}
+		if counts(s).Suppressed == 0 {
+			t.Fatalf("no redelivery suppressed: the test did not make the broker redeliver a2")
+		}
+	})
+}

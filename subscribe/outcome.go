@@ -39,9 +39,9 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		return lanes.Done()
 	}
 	if dn, ok := s.undeadNote(m); ok {
-		// A redelivery of a message this process dead-lettered, whose
-		// DeadLetter call did not land: its fate is decided.
-		s.deadLetterAs(it, dn.reason, dn.attempts)
+		// A redelivery of a message this process dead-lettered: its fate
+		// is decided.
+		s.redeliveredDead(it, dn)
 		return lanes.Done()
 	}
 	if it.attempt > s.cfg.Retry.MaxAttempts {
@@ -133,26 +133,40 @@ func (s *Subscriber) deadLetter(it *item, reason string) {
 	s.deadLetterAs(it, reason, it.attempt)
 }
 
-// deadLetterAs hands it to the driver's DeadLetter. If that is given up,
-// the message's fate is remembered, so that its redelivery is
-// dead-lettered again rather than run.
+// deadLetterAs hands it to the driver's DeadLetter, and remembers the
+// message's fate for a redelivery of the same copy (undeadNote): if the
+// call was given up, the redelivery is dead-lettered again rather than
+// run; if it landed, the redelivery is acknowledged without running. A
+// broker that streams a key redelivers a dead-lettered message with the
+// key's later messages when an earlier one's lease runs out (Pub/Sub
+// redelivers acknowledged messages too), and running it again would run it
+// after messages of its key that ran after it was dead-lettered.
 func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
 	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
-	if err != nil {
-		s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt})
-	} else {
-		s.undead.remove(it.m.ID)
+	s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt, landed: err == nil})
+}
+
+// redeliveredDead settles a redelivery of a message this process
+// dead-lettered (undeadNote): again by DeadLetter if the first call did not
+// land, else acknowledged, as a redelivery of an acknowledged message is.
+func (s *Subscriber) redeliveredDead(it *item, dn deadNote) {
+	if !dn.landed {
+		s.deadLetterAs(it, dn.reason, dn.attempts)
+		return
 	}
+	s.stats.Suppressed.Add(1)
+	s.acks <- it
 }
 
 // deadNote is a dead letter's reason and attempts, kept for its
-// redelivery, and the delivery the failed call was made on: its copy and
-// the broker's attempt (see undeadNote).
+// redelivery, the delivery the call was made on (its copy and the broker's
+// attempt; see undeadNote), and whether the call landed.
 type deadNote struct {
 	reason   string
 	attempts int
 	copy     any
 	attempt  int
+	landed   bool
 }
 
 // call runs the handler, turning a panic into an error. end ends the

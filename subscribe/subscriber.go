@@ -49,9 +49,10 @@ type Subscriber struct {
 	holdsSpare []*keyHold
 
 	acked *idSet
-	// undead remembers, per message ID, the dead letters whose DeadLetter
-	// call was given up, so a redelivery of the same copy is dead-lettered
-	// again without running the handler (undeadNote).
+	// undead remembers, per message ID, the dead letters this process
+	// made, so a redelivery of the same copy is not run: dead-lettered
+	// again if the DeadLetter call was given up, else acknowledged
+	// (undeadNote, redeliveredDead).
 	undead *noteSet[deadNote]
 	stats  counters
 
