@@ -277,7 +277,7 @@ func (s *Subscriber) waitHeld(ctx context.Context) error {
 		}
 		if !paused {
 			paused = true
-			s.cfg.Logger.Warn("keyorder: Config.MaxHeld messages held in process behind held keys; receiving paused until they run",
+			s.cfg.Logger.Warn("keyorder: Config.MaxHeld messages wait in process (behind held keys, or on a retry or not-before time); receiving paused until some have run",
 				"held", held, "max_held", s.cfg.MaxHeld)
 		}
 		select {
