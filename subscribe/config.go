@@ -27,6 +27,7 @@ const (
 	WorkersDefault         = 8
 	ShutdownTimeoutDefault = 30 * time.Second
 	DedupeSizeDefault      = 10000
+	MaxHeldDefault         = 10000
 )
 
 // Config configures a Subscriber. A nil *Config means all defaults.
@@ -47,12 +48,20 @@ type Config struct {
 	// the policy package's defaults (MaxAttempts policy.MaxAttemptsDefault).
 	Retry policy.Retry
 	// MaxOutstanding bounds the messages received and not yet finished.
-	// Messages waiting in process on a time (a retry or a not-before time)
-	// are not counted, nor, under Ordered where the process holds groups,
-	// the messages of their key behind them: a held key must not stop the
-	// others. The lanes bound those (see lanes.Config.Capacity). Defaults to
-	// 2×Workers.
+	// Messages waiting in process on a time (a retry, a not-before time or
+	// a throttle) are not counted, nor, under Ordered where the process
+	// holds groups, the messages of their key behind them: a held key must
+	// not stop the others. MaxHeld bounds those. Defaults to 2×Workers.
 	MaxOutstanding int
+	// MaxHeld limits the messages held in process outside MaxOutstanding:
+	// those waiting on a time and, where the process holds groups (no
+	// native hold), those received behind them in their key. While that
+	// many are held the subscriber stops receiving, which holds every key,
+	// until some of them have run (a held key's backlog runs when its
+	// head's time comes); see "Held keys" in the package documentation.
+	// A process keeps at most MaxOutstanding+MaxHeld received messages.
+	// Defaults to MaxHeldDefault.
+	MaxHeld int
 	// ShutdownTimeout is how long Run waits for running handlers after its
 	// context ends. Defaults to ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
@@ -115,6 +124,9 @@ func (c *Config) WithDefaults() *Config {
 	if out.MaxOutstanding == 0 {
 		out.MaxOutstanding = 2 * out.Workers
 	}
+	if out.MaxHeld == 0 {
+		out.MaxHeld = MaxHeldDefault
+	}
 	if out.ShutdownTimeout == 0 {
 		out.ShutdownTimeout = ShutdownTimeoutDefault
 	}
@@ -134,6 +146,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: subscribe.Config.Workers must be positive, got %d", keyorder.ErrInvalidConfig, c.Workers)
 	case c.MaxOutstanding < 0:
 		return fmt.Errorf("%w: subscribe.Config.MaxOutstanding must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxOutstanding)
+	case c.MaxHeld < 0:
+		return fmt.Errorf("%w: subscribe.Config.MaxHeld must be positive, got %d", keyorder.ErrInvalidConfig, c.MaxHeld)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: subscribe.Config.ShutdownTimeout must not be negative", keyorder.ErrInvalidConfig)
 	case !c.Assign.Valid():

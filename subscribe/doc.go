@@ -26,6 +26,40 @@
 // in process before anything behind it; the broker is never asked to
 // redeliver it.
 //
+// # Held keys
+//
+// Where the process holds groups (no native hold: Pub/Sub, Pulsar, a
+// memory subscription with Hold InProcess) the broker goes on streaming a
+// held key's later messages: those brokers hand over a key's messages
+// whether or not its earlier ones are settled. They wait in process
+// behind the key's head, in its lane, their leases kept alive, and hold
+// no flow-control token (Config.MaxOutstanding), so the other keys go on
+// being received and run. Config.MaxHeld limits them, together with every other message
+// waiting in process on a time (a retry, a not-before time, a throttle):
+// the subscriber receives only while fewer than MaxHeld messages are held,
+// so it never keeps more than MaxOutstanding+MaxHeld received messages,
+// and its lanes have room for all of them, so a key's backlog never
+// blocks the receive loop in a full lane.
+//
+// When MaxHeld messages are held, receiving pauses, for every key (a
+// receive cannot choose its keys), until held messages have run: for a
+// held key's backlog, once its head's time has come and the head is
+// settled; the pause is logged. Pausing is the one bound that is correct
+// on every such broker. Handing the newest of a held key's messages back
+// would not be: Pub/Sub counts every nack as a delivery attempt (towards
+// the subscription's dead-letter policy) of a message that never ran and
+// redelivers it at once, Google's emulator queues it behind the key's
+// later messages (out of order), Pulsar redelivers it only when the
+// consumer closes (a nack there replays out of order), and the memory
+// broker hands it straight back, ahead of other keys. For a held key never
+// to stop the others, set MaxHeld above the backlog a key can gather while
+// it is held (its publish rate times the longest retry delay).
+//
+// Where the broker holds groups natively (PostgreSQL, SQS, a memory
+// subscription with Hold Native) a held key's later messages stay on the
+// broker, and only messages waiting in process on a time (a throttled
+// message, say) count against MaxHeld.
+//
 // # Keys, fairness and throttling
 //
 // Config.LaneKey refines the broker's groups in process (never merges
@@ -34,8 +68,8 @@
 // portable keyorder.HeaderFairnessKey header); with it the lanes serve
 // tenants round robin among the messages this process holds, group order
 // first (see package lanes). Fairness cannot reach messages the broker has
-// not handed over yet: flow control (MaxOutstanding, the lanes' capacity)
-// bounds what it can reorder, so a tenant's backlog larger than that window
+// not handed over yet: flow control (MaxOutstanding, and MaxHeld for what
+// waits) bounds what it can reorder, so a tenant's backlog larger than that window
 // still delays the others in the broker's own order.
 //
 // Config.Throttles are token buckets checked just before each handler call.

@@ -7,3 +7,11 @@ func KeyHolds(s *Subscriber) int {
 	defer s.mu.Unlock()
 	return len(s.holds)
 }
+
+// PeakOutstanding returns the most messages s has had outstanding
+// (received and not settled) at once.
+func PeakOutstanding(s *Subscriber) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peak
+}

@@ -16,7 +16,9 @@ type keyHold struct {
 	// parked counts the key's items waiting in process on a time (a retry
 	// or a not-before time). While it is above zero the key's other items
 	// wait behind them and, like them, hold no flow-control token, so a
-	// parked key cannot stop the others.
+	// parked key cannot stop the others: they count against
+	// Config.MaxHeld instead (Subscriber.held, waitHeld), and the lanes
+	// have room for all of them.
 	parked int
 	// head and tail list the key's outstanding items (item.prevK/nextK).
 	head, tail *item
@@ -30,6 +32,11 @@ const holdsSpareMax = 1024
 // holdKeys on its key's hold. Called with s.mu held.
 func (s *Subscriber) addOutstanding(it *item) {
 	s.outstanding[it] = struct{}{}
+	s.peak = max(s.peak, len(s.outstanding))
+	if !it.hasToken {
+		it.held = true
+		s.held++
+	}
 	if !s.holdKeys || it.key == "" {
 		return
 	}
@@ -67,6 +74,17 @@ func (s *Subscriber) holdFor(key string) *keyHold {
 // Called with s.mu held.
 func (s *Subscriber) removeOutstanding(it *item) {
 	delete(s.outstanding, it)
+	if it.held {
+		it.held = false
+		s.held--
+		if s.heldWait && s.held < s.cfg.MaxHeld {
+			s.heldWait = false
+			select {
+			case s.heldRoom <- struct{}{}:
+			default:
+			}
+		}
+	}
 	if !it.inHold {
 		return
 	}
@@ -112,6 +130,21 @@ func (s *Subscriber) heldKeys() int {
 	return n
 }
 
+// untoken takes an outstanding item's flow-control token, if it has one,
+// and counts the item held (Subscriber.held) instead; it returns how many
+// tokens to release (0 or 1). Called with s.mu held.
+func (s *Subscriber) untoken(it *item) int {
+	if !it.hasToken {
+		return 0
+	}
+	it.hasToken = false
+	if _, ok := s.outstanding[it]; ok && !it.held {
+		it.held = true
+		s.held++
+	}
+	return 1
+}
+
 // forget drops an item from the outstanding set and gives back its token.
 func (s *Subscriber) forget(it *item) {
 	s.mu.Lock()
@@ -131,19 +164,13 @@ func (s *Subscriber) forget(it *item) {
 func (s *Subscriber) park(it *item) {
 	free := 0
 	s.mu.Lock()
-	if it.hasToken {
-		it.hasToken = false
-		free++
-	}
+	free += s.untoken(it)
 	if s.holdKeys && it.key != "" {
 		h := s.holdFor(it.key)
 		it.parked = true
 		h.parked++
 		for o := h.head; o != nil; o = o.nextK {
-			if o.hasToken {
-				o.hasToken = false
-				free++
-			}
+			free += s.untoken(o)
 		}
 	}
 	s.mu.Unlock()

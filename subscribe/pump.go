@@ -36,6 +36,7 @@ type item struct {
 
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
+	held     bool // outstanding without a token: counted in Subscriber.held
 	parked   bool // counted in its key's keyHold.parked
 	// inHold: outstanding under holdKeys, so listed on its key's keyHold,
 	// whose items prevK and nextK link.
@@ -81,6 +82,10 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 	for {
 		n, err := s.acquire(ctx)
 		if err != nil {
+			return nil
+		}
+		if err := s.waitHeld(ctx); err != nil {
+			s.releaseTokens(n)
 			return nil
 		}
 		ms, err := s.drv.Receive(ctx, n)
@@ -152,18 +157,16 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.addOutstanding(it)
 			switch {
 			case m.NotBefore.After(now):
-				// Waiting on time, like a retry: not counted. Under
-				// holdKeys it parks its key.
-				it.hasToken = false
-				free++
+				// Waiting on time, like a retry: held, not counted.
+				// Under holdKeys it parks its key.
+				free += s.untoken(it)
 				if it.inHold {
 					it.parked = true
 					s.holds[it.key].parked++
 				}
 			case it.inHold && s.holds[it.key].parked > 0:
-				// Behind a parked head of its key.
-				it.hasToken = false
-				free++
+				// Behind a parked head of its key: held.
+				free += s.untoken(it)
 			}
 			s.mu.Unlock()
 			s.releaseTokens(free)
@@ -249,6 +252,40 @@ func (s *Subscriber) acquire(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// waitHeld returns once fewer than Config.MaxHeld received messages are
+// held in process without a token, or ctx ends. The pump calls it with
+// its tokens taken, just before it receives, so that what it receives
+// keeps the process within MaxOutstanding+MaxHeld messages: tokens bound
+// the messages that may run, this bound those that wait (see "Held keys"
+// in the package documentation). While it waits nothing is received, on
+// any key; it ends when held messages have run (a held key's backlog when
+// its head's time has come).
+func (s *Subscriber) waitHeld(ctx context.Context) error {
+	paused := false
+	for {
+		s.mu.Lock()
+		held := s.held
+		s.heldWait = held >= s.cfg.MaxHeld
+		s.mu.Unlock()
+		if held < s.cfg.MaxHeld {
+			if paused {
+				s.cfg.Logger.Info("keyorder: receiving again", "held", held, "max_held", s.cfg.MaxHeld)
+			}
+			return nil
+		}
+		if !paused {
+			paused = true
+			s.cfg.Logger.Warn("keyorder: Config.MaxHeld messages wait in process (behind held keys, or on a retry or not-before time); receiving paused until some have run",
+				"held", held, "max_held", s.cfg.MaxHeld)
+		}
+		select {
+		case <-s.heldRoom:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (s *Subscriber) releaseTokens(n int) {

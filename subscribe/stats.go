@@ -43,6 +43,10 @@ type Stats struct {
 	Throttled int64
 	// Outstanding is how many received messages are not settled yet.
 	Outstanding int
+	// Held is how many of those are held in process outside
+	// Config.MaxOutstanding: waiting on a time, or behind their key's
+	// held head (see Config.MaxHeld).
+	Held int
 	// Backend holds the subscription's counts as the backend reports them
 	// (PostgreSQL counts pending messages, dead letters, held keys and,
 	// for a compacting subscription, superseded messages;
@@ -65,7 +69,7 @@ func (s *Subscriber) Stats(ctx context.Context) (Stats, error) {
 		Throttled: c.Throttled.Load(),
 	}
 	s.mu.Lock()
-	st.Outstanding = len(s.outstanding)
+	st.Outstanding, st.Held = len(s.outstanding), s.held
 	s.mu.Unlock()
 	r, ok := s.drv.(adapters.StatsReporter)
 	if !ok {

@@ -47,6 +47,14 @@ type Subscriber struct {
 	// holds is each key's one owner under holdKeys (see hold.go).
 	holds      map[string]*keyHold
 	holdsSpare []*keyHold
+	// held counts the outstanding items that hold no flow-control token
+	// (item.held); while it is at Config.MaxHeld the pump does not
+	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
+	// peak is the most items ever outstanding at once.
+	held     int
+	heldWait bool
+	heldRoom chan struct{}
+	peak     int
 
 	acked *idSet
 	// undead remembers, per message ID, the dead letters this process
@@ -126,6 +134,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 		outstanding: map[*item]struct{}{},
 		items:       slab.New[item](itemSlab),
 		holds:       map[string]*keyHold{},
+		heldRoom:    make(chan struct{}, 1),
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
@@ -192,6 +201,10 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
+		// Room for everything the subscriber may hold, so a lane never
+		// blocks the pump: a Submit that waited for a lane full of a
+		// held key's backlog would stop every key (see waitHeld).
+		Capacity: s.cfg.MaxOutstanding + s.cfg.MaxHeld,
 		// Fairness: see fairness.go.
 		Fair:       s.cfg.FairnessKey != nil,
 		FairWeight: s.cfg.FairnessWeight,
