@@ -174,7 +174,8 @@ type propLog struct {
 	seq  uint64
 	runs []*propRun
 	lost map[string]int
-	held map[string]int // copies received and not settled
+	held map[string]int  // copies received and not settled
+	dead map[string]bool // dead-lettered by a DeadLetter call that landed
 	// unreported counts losses proven by a redelivery and not yet
 	// reported by a renewal.
 	unreported map[string]int
@@ -222,8 +223,9 @@ func (d *propDriver) Receive(ctx context.Context, n int) ([]*adapters.Message, e
 	l := d.log
 	l.mu.Lock()
 	for _, m := range ms {
-		if l.acked[m.ID] {
-			// A redelivery of a message acknowledged already (a
+		if l.acked[m.ID] || l.dead[m.ID] {
+			// A redelivery of a message acknowledged or dead-lettered
+			// already (a
 			// streaming broker redelivers a key's later messages with an
 			// earlier one whose lease ran out): its count may rise like
 			// a lost lease's.
@@ -241,32 +243,48 @@ func (d *propDriver) Receive(ctx context.Context, n int) ([]*adapters.Message, e
 	return ms, err
 }
 
-func (d *propDriver) settled(ms ...*adapters.Message) {
+// settled records a settlement call on ms. A call that failed found a
+// lease gone (the memory broker's only failure here): the broker took the
+// message back, as with a lost lease, and the attempt it ran may go
+// uncounted (it counts only the chain's first unsettled message).
+func (d *propDriver) settled(err error, ms ...*adapters.Message) {
 	d.log.mu.Lock()
 	for _, m := range ms {
 		d.log.held[m.ID] = max(d.log.held[m.ID]-1, 0)
+		if err != nil {
+			d.log.lost[m.ID]++
+		}
 	}
 	d.log.mu.Unlock()
 }
 
 func (d *propDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
-	d.settled(ms...)
-	return d.Subscription.Ack(ctx, ms)
+	err := d.Subscription.Ack(ctx, ms)
+	d.settled(err, ms...)
+	return err
 }
 
 func (d *propDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
-	d.settled(m)
-	return d.Subscription.Nack(ctx, m, delay)
+	err := d.Subscription.Nack(ctx, m, delay)
+	d.settled(err, m)
+	return err
 }
 
 func (d *propDriver) Release(ctx context.Context, ms []*adapters.Message) error {
-	d.settled(ms...)
-	return d.Subscription.Release(ctx, ms)
+	err := d.Subscription.Release(ctx, ms)
+	d.settled(err, ms...)
+	return err
 }
 
 func (d *propDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
-	d.settled(m)
-	return d.Subscription.DeadLetter(ctx, m, reason, attempts)
+	err := d.Subscription.DeadLetter(ctx, m, reason, attempts)
+	d.settled(err, m)
+	if err == nil {
+		d.log.mu.Lock()
+		d.log.dead[m.ID] = true
+		d.log.mu.Unlock()
+	}
+	return err
 }
 
 func (d *propDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
@@ -342,7 +360,7 @@ func runScenario(t *testing.T, sc *propScenario) {
 	for _, m := range sc.msgs {
 		byID[m.id] = m
 	}
-	log := &propLog{lost: map[string]int{}, held: map[string]int{}, unreported: map[string]int{}, acked: map[string]bool{}}
+	log := &propLog{lost: map[string]int{}, held: map[string]int{}, dead: map[string]bool{}, unreported: map[string]int{}, acked: map[string]bool{}}
 	var failsLeft sync.Map // id -> *int, guarded by log.mu
 	for _, m := range sc.msgs {
 		n := m.fails
