@@ -166,3 +166,11 @@ INSERT INTO {{schema}}.dead_letters (sub_id, id, msg_id, msg_key, payload, heade
 SELECT $1, m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.published_at, $3, $4
 FROM d JOIN {{schema}}.messages m ON m.id = d.id
 ON CONFLICT (sub_id, id) DO NOTHING`
+
+// sqlStarted records the highest id of each leased chain whose handler
+// started (migration 004), after sqlLockRelease has locked the heads in key
+// order. A chain whose lease is no longer ours matches nothing.
+const sqlStarted = `
+UPDATE {{schema}}.heads h SET started_end = greatest(h.started_end, r.id)
+FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(key, token, id)
+WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token`

@@ -1,0 +1,188 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters"
+)
+
+// Started marks (adapters.StartRecorder, migration 004). A lost lease counts
+// an attempt only for the chain members whose handler started, so the
+// driver records, per leased chain, the highest id whose handler started
+// (heads.started_end; members start in id order). Why it is written the way
+// it is:
+//
+//   - Off the handlers' path. Started only notes the id in the chain and
+//     wakes startsLoop, which writes every chain noted since its last write
+//     in one round trip (an UPDATE of the chains' head rows, not of each
+//     message), as the subscriber's acker batches acknowledgements. A
+//     handler never waits for it, except for a suspect message (below).
+//     Cost: one round trip per write, one head row update per chain per
+//     write; measured on the whole stack in the package README figures
+//     (issue 11).
+//   - Bounded when late. A handler that kills its process before its mark
+//     lands runs again uncounted. The claim that takes over such a lease
+//     raises the first unmarked member's deliveries.unstarted instead of
+//     its attempts; the next claim returns it as suspect, and Started waits
+//     for a suspect message's mark before it returns, so its next run is
+//     counted however fast it kills its process. A message that kills its
+//     consumer every time thus runs at most once more than its attempt
+//     limit allows (and, should marks keep failing, the third unmarked loss
+//     is counted anyway).
+//   - In key order. The head rows are locked in key order before they are
+//     written, as publishers and releases lock them, so a mark never
+//     deadlocks with them; a mark of a chain whose lease is gone (settled,
+//     or lost and taken over) matches no row and changes nothing.
+
+// starts collects the marks to write.
+type starts struct {
+	mu      sync.Mutex
+	pending map[*chain]int64 // highest started id per chain, not written yet
+	cur     *startWrite      // the write the pending marks go into
+	writing *startWrite      // the write under way, if any
+	wake    chan struct{}
+}
+
+// startWrite is one write of marks; done is closed when it has ended.
+type startWrite struct {
+	done chan struct{}
+	err  error
+}
+
+func (st *starts) init() {
+	st.pending = map[*chain]int64{}
+	st.cur = &startWrite{done: make(chan struct{})}
+	st.wake = make(chan struct{}, 1)
+}
+
+// startTries is how many times a write of marks is tried when it fails
+// retryably (a deadlock with a lease renewal, a restarting server).
+const startTries = 3
+
+// Started records that the handlers of ms start (adapters.StartRecorder).
+// It returns at once, unless one of ms is suspect: then it returns when
+// the mark has been written (or ctx ends). Direct deliveries (Parallel, or
+// keyless) are counted at claim and need no mark.
+func (su *pgSubscription) Started(ctx context.Context, ms []*adapters.Message) error {
+	if su.starts.wake == nil {
+		return nil // not keyed: nothing to mark
+	}
+	as, err := ackIDs(ms)
+	if err != nil {
+		return err
+	}
+	wait, noted := false, false
+	for _, a := range as {
+		c := a.chain
+		if c == nil {
+			continue
+		}
+		c.mu.Lock()
+		later := a.id > c.started
+		if later {
+			c.started = a.id
+		}
+		c.mu.Unlock()
+		if !later {
+			continue
+		}
+		su.starts.mu.Lock()
+		su.starts.pending[c] = a.id
+		su.starts.mu.Unlock()
+		noted = true
+		wait = wait || a.suspect
+	}
+	if !noted {
+		return nil
+	}
+	su.starts.mu.Lock()
+	w := su.starts.cur
+	su.starts.mu.Unlock()
+	signal(su.starts.wake)
+	if !wait {
+		return nil
+	}
+	select {
+	case <-w.done:
+		if w.err != nil {
+			return fmt.Errorf("postgres: record started: %w", w.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-su.done:
+		return keyorder.ErrClosed
+	}
+}
+
+// startsLoop writes the pending marks whenever there are some, until the
+// subscription closes (then it writes what is pending once more).
+func (su *pgSubscription) startsLoop() {
+	defer su.maint.Done()
+	for {
+		select {
+		case <-su.starts.wake:
+			su.writeStarts()
+		case <-su.done:
+			su.writeStarts()
+			return
+		}
+	}
+}
+
+// writeStarts writes the pending marks in one round trip.
+func (su *pgSubscription) writeStarts() {
+	st := &su.starts
+	st.mu.Lock()
+	p, w := st.pending, st.cur
+	if len(p) > 0 {
+		st.pending = map[*chain]int64{}
+		st.cur = &startWrite{done: make(chan struct{})}
+		st.writing = w
+	}
+	st.mu.Unlock()
+	if len(p) == 0 {
+		return
+	}
+	defer func() {
+		st.mu.Lock()
+		st.writing = nil
+		st.mu.Unlock()
+		close(w.done)
+	}()
+	chains := make([]*chain, 0, len(p))
+	for c := range p {
+		chains = append(chains, c)
+	}
+	slices.SortFunc(chains, func(x, y *chain) int { return strings.Compare(x.key, y.key) })
+	keys := make([]string, len(chains))
+	tokens := make([]int64, len(chains))
+	ids := make([]int64, len(chains))
+	for i, c := range chains {
+		keys[i], tokens[i], ids[i] = c.key, c.token, p[c]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), su.lease)
+	defer cancel()
+	for try := 1; ; try++ {
+		b := &pgx.Batch{}
+		b.Queue(su.s.sql(sqlLockRelease), su.info.id, keys)
+		b.Queue(su.s.sql(sqlStarted), su.info.id, keys, tokens, ids)
+		w.err = su.s.pool.SendBatch(ctx, b).Close()
+		if w.err == nil || try == startTries || !IsRetryable(w.err) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(try) * 10 * time.Millisecond)
+	}
+	if w.err != nil {
+		su.opts.Logger.Warn("keyorder postgres: recording started handlers failed; a lease lost now counts no attempt for them",
+			"subscription", su.info.name, "chains", len(chains), "err", w.err)
+	}
+}
