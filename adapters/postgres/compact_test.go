@@ -206,7 +206,7 @@ func TestCompactLeaseLost(t *testing.T) {
 			live := e.compactSub("t", ord, time.Second)
 			ctx := ctxT(t, 30*time.Second)
 			send(t, tp, msg("A", "a1"), msg("B", "b1"))
-			lost := receiveN(t, ctx, dead, 2) // then the consumer stops renewing
+			lost := receiveN(t, ctx, dead, 2)               // then the consumer stops renewing
 			if err := dead.Started(ctx, lost); err != nil { // its handlers run
 				t.Fatal(err)
 			}

@@ -142,16 +142,15 @@ func (su *pgSubscription) startsLoop() {
 func (su *pgSubscription) writeStarts() {
 	st := &su.starts
 	st.mu.Lock()
-	p, w := st.pending, st.cur
-	if len(p) > 0 {
-		st.pending = map[*chain]int64{}
-		st.cur = &startWrite{done: make(chan struct{})}
-		st.writing = w
-	}
-	st.mu.Unlock()
-	if len(p) == 0 {
+	if len(st.pending) == 0 {
+		st.mu.Unlock()
 		return
 	}
+	p, w := st.pending, st.cur
+	st.pending = map[*chain]int64{}
+	st.cur = &startWrite{done: make(chan struct{})}
+	st.writing = w
+	st.mu.Unlock()
 	defer func() {
 		st.mu.Lock()
 		st.writing = nil
