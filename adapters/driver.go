@@ -60,7 +60,8 @@ type Message struct {
 	// the rest of a chain whose head failed, a message held for its
 	// not-before time, and, after a lost lease, every message claimed with
 	// it except the one that may have been running (under Ordered, the
-	// first unsettled message of its chain). A driver whose broker counts
+	// first unsettled message of its chain; a driver that implements
+	// StartRecorder counts only those whose handler started). A driver whose broker counts
 	// every delivery subtracts those it can recognise and documents what
 	// it cannot. On a broker without Capabilities.NativeHold the retries
 	// the portable layer runs in process are not deliveries, so after a

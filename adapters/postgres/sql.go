@@ -48,7 +48,7 @@ WHERE s.topic_id = $1 AND ($7::integer IS NULL OR s.id = $7)`
 
 // sqlClaimKeys claims chains of keys through the claim_keys function (see
 // migration/001_init.up.sql for why it is correct under concurrency, and
-// 002_lost_lease.up.sql for which member of an expired chain a lost lease
+// 004_started.up.sql for which members of an expired chain a lost lease
 // counts against).
 const sqlClaimKeys = `SELECT * FROM {{schema}}.claim_keys($1, $2, $3, $4::interval, $5, $6)`
 
