@@ -30,7 +30,7 @@ func (su *pgSubscription) WaitStarted() {
 		w = st.cur
 	}
 	st.mu.Unlock()
-	signal(st.wake)
+	signal(st.urgent)
 	if w != nil {
 		<-w.done
 	}

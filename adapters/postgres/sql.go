@@ -168,9 +168,16 @@ FROM d JOIN {{schema}}.messages m ON m.id = d.id
 ON CONFLICT (sub_id, id) DO NOTHING`
 
 // sqlStarted records the highest id of each leased chain whose handler
-// started (migration 004), after sqlLockRelease has locked the heads in key
-// order. A chain whose lease is no longer ours matches nothing.
+// started (migration 004). It locks the heads in key order first, as
+// publishers and releases do, so it never deadlocks with them; a chain whose
+// lease is no longer ours matches nothing and is not locked.
 const sqlStarted = `
-UPDATE {{schema}}.heads h SET started_end = greatest(h.started_end, r.id)
-FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(key, token, id)
-WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token`
+WITH l AS (
+    SELECT h.ctid AS row_id, r.id FROM {{schema}}.heads h
+    JOIN unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(key, token, id)
+      ON h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token
+    ORDER BY h.msg_key
+    FOR UPDATE OF h
+)
+UPDATE {{schema}}.heads h SET started_end = greatest(h.started_end, l.id)
+FROM l WHERE h.ctid = l.row_id`

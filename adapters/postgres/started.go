@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 )
@@ -20,27 +18,35 @@ import (
 // (heads.started_end; members start in id order). Why it is written the way
 // it is:
 //
-//   - Off the handlers' path. Started only notes the id in the chain and
-//     wakes startsLoop, which writes every chain noted since its last write
-//     in one round trip (an UPDATE of the chains' head rows, not of each
-//     message), as the subscriber's acker batches acknowledgements. A
-//     handler never waits for it, except for a suspect message (below).
-//     Cost: one round trip per write, one head row update per chain per
-//     write; measured on the whole stack in the package README figures
-//     (issue 11).
+//   - Off the handlers' path. Started only notes the id in its chain;
+//     startsLoop writes the marks noted, startWriteDelay after the first of
+//     them, all in one statement (an UPDATE of the chains' head rows, not of
+//     each message). A handler never waits for it, except for a suspect
+//     message (below).
+//   - Only while it matters. When the write comes, a chain whose last
+//     started member is already being settled is skipped: every member up
+//     to it has finished its handler, so a lost lease has nothing running
+//     to count. Handlers faster than startWriteDelay thus cost no write at
+//     all; a slower one costs one head row update per chain per write (the
+//     whole-stack figures are in the package README, issue 11).
 //   - Bounded when late. A handler that kills its process before its mark
-//     lands runs again uncounted. The claim that takes over such a lease
-//     raises the first unmarked member's deliveries.unstarted instead of
-//     its attempts; the next claim returns it as suspect, and Started waits
-//     for a suspect message's mark before it returns, so its next run is
-//     counted however fast it kills its process. A message that kills its
-//     consumer every time thus runs at most once more than its attempt
-//     limit allows (and, should marks keep failing, the third unmarked loss
-//     is counted anyway).
+//     lands (within startWriteDelay and a round trip of its start) runs
+//     again uncounted. The claim that takes over such a lease raises the
+//     first unmarked member's deliveries.unstarted instead of its attempts;
+//     the next claim returns it as suspect, and Started writes a suspect
+//     message's mark at once and waits for it, so its next run is counted
+//     however fast it kills its process. A message that kills its consumer
+//     every time thus runs at most once more than its attempt limit allows
+//     (and, should marks keep failing, the third unmarked loss is counted
+//     anyway).
 //   - In key order. The head rows are locked in key order before they are
 //     written, as publishers and releases lock them, so a mark never
 //     deadlocks with them; a mark of a chain whose lease is gone (settled,
 //     or lost and taken over) matches no row and changes nothing.
+
+// startWriteDelay is how long after a handler starts its mark is written
+// (unless it is suspect): a handler that finishes sooner costs no write.
+const startWriteDelay = 10 * time.Millisecond
 
 // starts collects the marks to write.
 type starts struct {
@@ -48,7 +54,8 @@ type starts struct {
 	pending map[*chain]int64 // highest started id per chain, not written yet
 	cur     *startWrite      // the write the pending marks go into
 	writing *startWrite      // the write under way, if any
-	wake    chan struct{}
+	wake    chan struct{}    // marks were noted
+	urgent  chan struct{}    // a suspect mark waits: write now
 }
 
 // startWrite is one write of marks; done is closed when it has ended.
@@ -61,6 +68,7 @@ func (st *starts) init() {
 	st.pending = map[*chain]int64{}
 	st.cur = &startWrite{done: make(chan struct{})}
 	st.wake = make(chan struct{}, 1)
+	st.urgent = make(chan struct{}, 1)
 }
 
 // startTries is how many times a write of marks is tried when it fails
@@ -106,10 +114,11 @@ func (su *pgSubscription) Started(ctx context.Context, ms []*adapters.Message) e
 	su.starts.mu.Lock()
 	w := su.starts.cur
 	su.starts.mu.Unlock()
-	signal(su.starts.wake)
 	if !wait {
+		signal(su.starts.wake)
 		return nil
 	}
+	signal(su.starts.urgent)
 	select {
 	case <-w.done:
 		if w.err != nil {
@@ -123,18 +132,33 @@ func (su *pgSubscription) Started(ctx context.Context, ms []*adapters.Message) e
 	}
 }
 
-// startsLoop writes the pending marks whenever there are some, until the
-// subscription closes (then it writes what is pending once more).
+// startsLoop writes the marks noted, startWriteDelay after the first of
+// them (at once when a suspect one waits), until the subscription closes;
+// then it writes what is pending once more.
 func (su *pgSubscription) startsLoop() {
 	defer su.maint.Done()
+	st := &su.starts
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
 	for {
 		select {
-		case <-su.starts.wake:
-			su.writeStarts()
+		case <-st.wake:
+			t.Reset(startWriteDelay)
+			select {
+			case <-t.C:
+			case <-st.urgent:
+				t.Stop()
+			case <-su.done:
+				su.writeStarts()
+				return
+			}
+		case <-st.urgent:
 		case <-su.done:
 			su.writeStarts()
 			return
 		}
+		su.writeStarts()
 	}
 }
 
@@ -158,8 +182,20 @@ func (su *pgSubscription) writeStarts() {
 		close(w.done)
 	}()
 	chains := make([]*chain, 0, len(p))
-	for c := range p {
-		chains = append(chains, c)
+	for c, id := range p {
+		// A member whose settlement has begun has finished its handler,
+		// and so have the members before it (they start in order): a
+		// lost lease then has nothing running to count, and the mark is
+		// not worth a row update. Fast handlers are mostly settled by now.
+		c.mu.Lock()
+		_, running := c.unsettled[id]
+		c.mu.Unlock()
+		if running {
+			chains = append(chains, c)
+		}
+	}
+	if len(chains) == 0 {
+		return
 	}
 	slices.SortFunc(chains, func(x, y *chain) int { return strings.Compare(x.key, y.key) })
 	keys := make([]string, len(chains))
@@ -171,10 +207,7 @@ func (su *pgSubscription) writeStarts() {
 	ctx, cancel := context.WithTimeout(context.Background(), su.lease)
 	defer cancel()
 	for try := 1; ; try++ {
-		b := &pgx.Batch{}
-		b.Queue(su.s.sql(sqlLockRelease), su.info.id, keys)
-		b.Queue(su.s.sql(sqlStarted), su.info.id, keys, tokens, ids)
-		w.err = su.s.pool.SendBatch(ctx, b).Close()
+		_, w.err = su.s.pool.Exec(ctx, su.s.sql(sqlStarted), su.info.id, keys, tokens, ids)
 		if w.err == nil || try == startTries || !IsRetryable(w.err) || ctx.Err() != nil {
 			break
 		}
