@@ -89,7 +89,7 @@ BEGIN
         SELECT * FROM ran UNION ALL SELECT * FROM unmarked
     ), c AS (
         SELECT x.id, x.msg_key,
-               x.attempts + 1 + coalesce((SELECT lostd.counted::integer FROM lostd WHERE lostd.id = x.id), 0) AS attempt,
+               x.attempts + CASE WHEN x.id IN (SELECT lostd.id FROM lostd WHERE lostd.counted) THEN 2 ELSE 1 END AS attempt,
                x.unstarted > 0 OR x.id IN (SELECT unmarked.id FROM unmarked) AS suspect
         FROM h CROSS JOIN LATERAL (
             SELECT y.id, y.msg_key, y.attempts, y.unstarted FROM (
@@ -172,7 +172,7 @@ BEGIN
         WHERE h.expired
     ), c AS (
         SELECT x.id, x.msg_key, h.from_id,
-               x.attempts + 1 + coalesce((SELECT lostd.counted::integer FROM lostd WHERE lostd.id = x.id), 0) AS attempt,
+               x.attempts + CASE WHEN x.id IN (SELECT lostd.id FROM lostd WHERE lostd.counted) THEN 2 ELSE 1 END AS attempt,
                x.unstarted > 0 OR x.id IN (SELECT lostd.id FROM lostd WHERE lostd.unmarked) AS suspect
         FROM h CROSS JOIN LATERAL (
             SELECT d.id, d.msg_key, d.attempts, d.unstarted FROM {{schema}}.deliveries d
