@@ -95,21 +95,23 @@
 // settled nor nacked under the lost lease count one each (the one running,
 // and one whose Ack had not landed: it ran too).
 //
-// The record is written asynchronously, batched over the chains that
-// started meanwhile, one round trip and one head row update per chain per
-// write, so no handler waits for it. It can be late: a handler that kills
-// its process before its record lands is not counted. That is bounded: the
-// claim that takes over such a lease marks the chain's first unrecorded
-// member that may have been running (deliveries.unstarted); the next claim
-// returns it as suspect, and Started writes a suspect message's record
-// before it returns, so from then on each of its runs counts however fast
-// it kills its process: a message that kills every consumer runs at most
-// once more than MaxAttempts allows. Should records keep failing, the third
-// unrecorded loss of one message is counted anyway (so is, rarely, a
-// message that really sat unstarted through three crashes). A driver used
-// without subscribe must call Started for lost leases to count. Claimed
-// messages of a Parallel subscription (or keyless ones), each leased on its
-// own, are counted at claim whether or not they started.
+// The record is written asynchronously, 100 ms after the start, batched over
+// the chains that started meanwhile (one round trip, one head row update per
+// chain), and only for chains whose started member is not settled by then:
+// no handler waits for it, and handlers faster than that cost no write. It
+// can be late: a run whose process dies before its record lands is not
+// counted. That is bounded: the claim that takes over such a lease marks the
+// chain's first unrecorded member that may have been running
+// (deliveries.unstarted); the next claim returns it as suspect, and Started
+// writes a suspect message's record before it returns, so from then on each
+// of its runs counts however fast it kills its process: a message that kills
+// every consumer runs at most once more than MaxAttempts allows. Should
+// records keep failing, the third unrecorded loss of one message is counted
+// anyway (so is, rarely, a message that really sat unstarted through three
+// crashes). A driver used without subscribe must call Started for lost
+// leases to count. Claimed messages of a Parallel subscription (or keyless
+// ones), each leased on its own, are counted at claim whether or not they
+// started.
 //
 // Drivers never retry: IsRetryable and ErrorCode classify errors (a lost
 // connection, a restarting server, a deadlock or serialization failure are

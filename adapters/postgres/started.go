@@ -27,8 +27,11 @@ import (
 //     started member is already being settled is skipped: every member up
 //     to it has finished its handler, so a lost lease has nothing running
 //     to count. Handlers faster than startWriteDelay thus cost no write at
-//     all; a slower one costs one head row update per chain per write (the
-//     whole-stack figures are in the package README, issue 11).
+//     all; a slower one costs one head row update per chain per write.
+//     Measured with BenchmarkStackOrdered (no-op handler, 1,000 keys,
+//     50,000 messages): 0.1-0.4 writes and 2-15 head row updates per 1,000
+//     messages, against the ~200 head row updates per 1,000 that claims and
+//     releases make (with a 10 ms delay: 1-2.3 writes and 34-75 rows).
 //   - Bounded when late. A handler that kills its process before its mark
 //     lands (within startWriteDelay and a round trip of its start) runs
 //     again uncounted. The claim that takes over such a lease raises the
@@ -45,8 +48,10 @@ import (
 //     or lost and taken over) matches no row and changes nothing.
 
 // startWriteDelay is how long after a handler starts its mark is written
-// (unless it is suspect): a handler that finishes sooner costs no write.
-const startWriteDelay = 10 * time.Millisecond
+// (unless it is suspect): a handler that finishes sooner costs no write, and
+// a process killed sooner loses the run's count once (then the message is
+// suspect). Far below any lease (LeaseDurationMin is 1s).
+const startWriteDelay = 100 * time.Millisecond
 
 // starts collects the marks to write.
 type starts struct {
