@@ -60,7 +60,8 @@ type Message struct {
 	// the rest of a chain whose head failed, a message held for its
 	// not-before time, and, after a lost lease, every message claimed with
 	// it except the one that may have been running (under Ordered, the
-	// first unsettled message of its chain). A driver whose broker counts
+	// first unsettled message of its chain; a driver that implements
+	// StartRecorder counts only those whose handler started). A driver whose broker counts
 	// every delivery subtracts those it can recognise and documents what
 	// it cannot. On a broker without Capabilities.NativeHold the retries
 	// the portable layer runs in process are not deliveries, so after a
@@ -224,6 +225,27 @@ type HeldKeyLister interface {
 	// HeldKeys lists up to limit keys that are in flight or waiting,
 	// soonest deliverable first; limit <= 0 lists them all.
 	HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error)
+}
+
+// StartRecorder is implemented by Subscription drivers that count a lost
+// lease as an attempt only for messages whose handler started (PostgreSQL:
+// a claimed message that sat in the process waiting for a worker when the
+// process died is not counted). subscribe calls Started on the message's
+// lane right before the handler runs (for a RunBatch batch, once with all
+// the members that run); a message it never calls Started for is treated
+// as never run when its lease is lost.
+//
+// Started is on the handlers' path: it should return at once and record
+// asynchronously, batched. A driver that records asynchronously must bound
+// what a late record costs: a handler that kills its process before its
+// record lands is not counted, so a message that kills every consumer that
+// way must still reach its attempt limit (the PostgreSQL driver records a
+// message synchronously once one of its leases was lost unrecorded). An
+// error means the record may not have landed; the handler runs anyway.
+type StartRecorder interface {
+	// Started records that the handlers of ms (messages of one key, in
+	// order, or one keyless message) start now.
+	Started(ctx context.Context, ms []*Message) error
 }
 
 // Namer is implemented by Subscription drivers that know the name of their

@@ -468,11 +468,19 @@ func parallelConcurrent(f *fixture) {
 func lostConsumer(f *fixture) {
 	p := f.publisher(nil)
 	f.publish(p, "a1:A", "a2:A")
-	// A consumer takes a1 and dies: it never settles nor extends the lease.
+	// A consumer takes a1, starts its handler and dies: it never settles
+	// nor extends the lease.
 	crashed := f.consumer()
 	ms, err := crashed.Receive(f.ctx, 1)
 	if err != nil || len(ms) != 1 || string(ms[0].Payload) != "a1" {
 		f.t.Fatalf("crashed consumer received %v, %v", ms, err)
+	}
+	if r, ok := crashed.(adapters.StartRecorder); ok {
+		// A driver that counts only started messages must hear of the
+		// start, as subscribe would tell it.
+		if err := r.Started(f.ctx, ms); err != nil {
+			f.t.Fatalf("crashed consumer's Started: %v", err)
+		}
 	}
 	lease := crashed.Capabilities().LeaseDuration
 	takenAt := time.Now()

@@ -367,6 +367,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		c.batch = run
 		return r
 	}
+	s.startedBatch(ctx, run)
 	hctx, cancel := context.WithCancel(ctx)
 	for _, it := range run {
 		it.mu.Lock()

@@ -52,6 +52,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if r, wait := s.throttle(it); wait {
 		return r
 	}
+	s.started(ctx, it)
 	// The attempt's context, cancelled when it ends or its lease is lost
 	// (see attemptCtx); the first attempt's comes with the item.
 	hctx := &it.actx

@@ -206,7 +206,11 @@ func TestCompactLeaseLost(t *testing.T) {
 			live := e.compactSub("t", ord, time.Second)
 			ctx := ctxT(t, 30*time.Second)
 			send(t, tp, msg("A", "a1"), msg("B", "b1"))
-			lost := receiveN(t, ctx, dead, 2) // then the consumer stops renewing
+			lost := receiveN(t, ctx, dead, 2)               // then the consumer stops renewing
+			if err := dead.Started(ctx, lost); err != nil { // its handlers run
+				t.Fatal(err)
+			}
+			dead.WaitStarted()
 			send(t, tp, msg("A", "a2"))
 			var got []*adapters.Message
 			for len(got) < 2 {
@@ -554,7 +558,7 @@ func TestCompactParallelIndex(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Fatalf("%d compaction indexes after deleting one subscription, want 1", n)
 	}
-	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema}); err != nil {
+	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(); n != 0 {

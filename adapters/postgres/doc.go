@@ -93,16 +93,37 @@
 // dead_letters with its reason and attempts and lets its key continue;
 // Redrive puts dead letters back after what arrived meanwhile with a fresh
 // attempt count. A message's Attempt is 1 on its first claim and grows with
-// every failure and with every lease that expired while it may have been
-// running (a crashed consumer counts): for a claimed chain, only its first
-// unsettled message under Ordered (nothing behind it runs), or the first
-// one not nacked under that lease under Exclusive; never the chain's later
-// members (migration 002). A chain's first message that was claimed but not
-// started when its consumer died cannot be told from a running one and is
-// counted; so is every claimed message of a Parallel subscription (or a
-// keyless one), each leased on its own. Drivers never retry: IsRetryable and ErrorCode classify
-// errors (a lost connection, a restarting server, a deadlock or
-// serialization failure are retryable) for the portable layer.
+// every failure and with every lease that expired while it was running (a
+// crashed consumer counts). Only messages whose handler started count
+// (migration 004): the subscriber tells the driver as each handler starts
+// (adapters.StartRecorder), and the driver records, per leased chain, the
+// highest member that started (heads.started_end). A chain that sat in its
+// consumer's lanes waiting for a worker when the consumer died comes back
+// with no attempt counted; of the members that started, those neither
+// settled nor nacked under the lost lease count one each (the one running,
+// and one whose Ack had not landed: it ran too).
+//
+// The record is written asynchronously, 100 ms after the start, batched over
+// the chains that started meanwhile (one round trip, one head row update per
+// chain), and only for chains whose started member is not settled by then:
+// no handler waits for it, and handlers faster than that cost no write. It
+// can be late: a run whose process dies before its record lands is not
+// counted. That is bounded: the claim that takes over such a lease marks the
+// chain's first unrecorded member that may have been running
+// (deliveries.unstarted); the next claim returns it as suspect, and Started
+// writes a suspect message's record before it returns, so from then on each
+// of its runs counts however fast it kills its process: a message that kills
+// every consumer runs at most once more than MaxAttempts allows. Should
+// records keep failing, the third unrecorded loss of one message is counted
+// anyway (so is, rarely, a message that really sat unstarted through three
+// crashes). A driver used without subscribe must call Started for lost
+// leases to count. Claimed messages of a Parallel subscription (or keyless
+// ones), each leased on its own, are counted at claim whether or not they
+// started.
+//
+// Drivers never retry: IsRetryable and ErrorCode classify errors (a lost
+// connection, a restarting server, a deadlock or serialization failure are
+// retryable) for the portable layer.
 //
 // Publishes send a NOTIFY on the topic's channel, at most one per
 // Options.NotifyDebounce per Topic (NOTIFY serializes commits on a global

@@ -16,3 +16,22 @@ var OpenTopicDriver = openTopic
 // OpenSubscriptionDriver opens the subscription driver (see
 // OpenSubscription).
 var OpenSubscriptionDriver = openSubscription
+
+// WaitStarted waits until the started marks noted so far are written (or
+// their write failed).
+func (su *pgSubscription) WaitStarted() {
+	st := &su.starts
+	if st.wake == nil {
+		return
+	}
+	st.mu.Lock()
+	w := st.writing
+	if len(st.pending) > 0 {
+		w = st.cur
+	}
+	st.mu.Unlock()
+	signal(st.urgent)
+	if w != nil {
+		<-w.done
+	}
+}

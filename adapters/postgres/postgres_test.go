@@ -46,12 +46,12 @@ func TestMigrateIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 2})
-	if err != nil || res.Version != 1 || len(res.Applied) != 2 {
+	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 3})
+	if err != nil || res.Version != 1 || len(res.Applied) != 3 {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 3 {
+	if err != nil || res.Version != 4 {
 		t.Fatalf("up again: %+v %v", res, err)
 	}
 }
@@ -236,6 +236,10 @@ func TestLeaseExpiry(t *testing.T) {
 	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))
 	ctx := ctxT(t, 20*time.Second)
 	got := receiveN(t, ctx, s1, 1)
+	if err := s1.Started(ctx, got); err != nil { // a1's handler runs
+		t.Fatal(err)
+	}
+	s1.WaitStarted()
 	lost, err := s1.ExtendLeases(ctx, got)
 	if err != nil || len(lost) != 0 {
 		t.Fatalf("extend: %v %v", lost, err)

@@ -5,6 +5,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -17,9 +19,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
 )
 
 // The failure tests run consumers as real processes: the test binary
@@ -27,7 +31,11 @@ import (
 // tests, so a SIGKILL hits a process holding leases, as a crash would.
 
 func TestMain(m *testing.M) {
-	if os.Getenv("KEYORDER_PG_HELPER") != "" {
+	switch os.Getenv("KEYORDER_PG_HELPER") {
+	case "":
+	case "stack":
+		os.Exit(helperStack())
+	default:
 		os.Exit(helperConsumer())
 	}
 	os.Exit(m.Run())
@@ -76,6 +84,10 @@ func helperConsumer() int {
 				j++
 			}
 			for n, m := range ms[i:j] {
+				// As subscribe does, record the start (and, for the tests'
+				// sake, wait until it is written).
+				_ = s.Started(ctx, []*adapters.Message{m})
+				s.WaitStarted()
 				write("start %s %s %d %d", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
 				if m.ID == hang {
 					select {} // stuck in the handler until SIGKILL
@@ -97,17 +109,67 @@ func helperConsumer() int {
 	}
 }
 
+// helperStack consumes subscription "s" through subscribe.Subscriber with
+// one worker (so a key's chain waits in the lanes while another key's
+// handler runs), recording "start" and "end" lines as helperConsumer does;
+// the handler of message KEYORDER_PG_HANG blocks until SIGKILL.
+func helperStack() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("KEYORDER_PG_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
+	drv, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	rec, err := os.OpenFile(os.Getenv("KEYORDER_PG_RECORDS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	write := func(format string, args ...any) { _, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n") }
+	hang := os.Getenv("KEYORDER_PG_HANG")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sub, err := subscribe.New(drv, &subscribe.Config{Workers: 1, MaxOutstanding: 100, Logger: quiet})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	err = sub.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
+		write("start %s %s %d %d", d.Key, d.ID, d.Attempt, time.Now().UnixNano())
+		if d.ID == hang {
+			select {} // stuck in the handler until SIGKILL
+		}
+		write("end %s %s %d %d ok", d.Key, d.ID, d.Attempt, time.Now().UnixNano())
+		return nil
+	})
+	fmt.Fprintln(os.Stderr, "run:", err)
+	return 2
+}
+
 type helper struct {
 	cmd     *exec.Cmd
 	records string
 }
 
 func startHelper(t *testing.T, e *env, topic string, lease time.Duration, failP float64, hang string) *helper {
+	return startHelperKind(t, e, "1", topic, lease, failP, hang)
+}
+
+// startHelperKind starts helperConsumer (kind "1") or helperStack
+// (kind "stack").
+func startHelperKind(t *testing.T, e *env, kind, topic string, lease time.Duration, failP float64, hang string) *helper {
 	t.Helper()
 	records := fmt.Sprintf("%s/records-%d", t.TempDir(), rand.Uint32())
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
-		"KEYORDER_PG_HELPER=1", "KEYORDER_PG_URL="+e.url, "KEYORDER_PG_SCHEMA="+e.schema,
+		"KEYORDER_PG_HELPER="+kind, "KEYORDER_PG_URL="+e.url, "KEYORDER_PG_SCHEMA="+e.schema,
 		"KEYORDER_PG_TOPIC="+topic, "KEYORDER_PG_LEASE="+lease.String(), "KEYORDER_PG_RECORDS="+records,
 		fmt.Sprintf("KEYORDER_PG_FAIL=%g", failP), "KEYORDER_PG_HANG="+hang)
 	cmd.Stderr = os.Stderr
@@ -354,9 +416,18 @@ func TestLostLeaseAfterNack(t *testing.T) {
 			sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 			ctx := ctxT(t, 30*time.Second)
 			got := receiveN(t, ctx, crashed, 3)
+			if err := crashed.Started(ctx, got[:1]); err != nil {
+				t.Fatal(err)
+			}
 			if err := crashed.Nack(ctx, got[0], 0); err != nil {
 				t.Fatal(err)
 			}
+			if tc.ordering == policy.Exclusive {
+				if err := crashed.Started(ctx, got[1:2]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			crashed.WaitStarted()
 			// a2 (Exclusive: it runs on) is running when the process dies;
 			// its lease expires.
 			s := e.sub("t", "s", tc.ordering, lease)

@@ -48,7 +48,7 @@ WHERE s.topic_id = $1 AND ($7::integer IS NULL OR s.id = $7)`
 
 // sqlClaimKeys claims chains of keys through the claim_keys function (see
 // migration/001_init.up.sql for why it is correct under concurrency, and
-// 002_lost_lease.up.sql for which member of an expired chain a lost lease
+// 004_started.up.sql for which members of an expired chain a lost lease
 // counts against).
 const sqlClaimKeys = `SELECT * FROM {{schema}}.claim_keys($1, $2, $3, $4::interval, $5, $6)`
 
@@ -166,3 +166,18 @@ INSERT INTO {{schema}}.dead_letters (sub_id, id, msg_id, msg_key, payload, heade
 SELECT $1, m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.published_at, $3, $4
 FROM d JOIN {{schema}}.messages m ON m.id = d.id
 ON CONFLICT (sub_id, id) DO NOTHING`
+
+// sqlStarted records the highest id of each leased chain whose handler
+// started (migration 004). It locks the heads in key order first, as
+// publishers and releases do, so it never deadlocks with them; a chain whose
+// lease is no longer ours matches nothing and is not locked.
+const sqlStarted = `
+WITH l AS (
+    SELECT h.ctid AS row_id, r.id FROM {{schema}}.heads h
+    JOIN unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(key, token, id)
+      ON h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token
+    ORDER BY h.msg_key
+    FOR UPDATE OF h
+)
+UPDATE {{schema}}.heads h SET started_end = greatest(h.started_end, l.id)
+FROM l WHERE h.ctid = l.row_id`

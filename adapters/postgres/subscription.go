@@ -34,6 +34,8 @@ type pgSubscription struct {
 	release                string
 	lease                  time.Duration
 
+	starts starts // marks of started handlers (started.go)
+
 	wake     chan struct{}
 	listener *listener
 	closed   atomic.Bool
@@ -46,6 +48,7 @@ var (
 	_ adapters.DeadLetterStore = (*pgSubscription)(nil)
 	_ adapters.StatsReporter   = (*pgSubscription)(nil)
 	_ adapters.HeldKeyLister   = (*pgSubscription)(nil)
+	_ adapters.StartRecorder   = (*pgSubscription)(nil)
 )
 
 // ackID is a delivery's handle. A keyed delivery belongs to the chain it
@@ -55,6 +58,10 @@ type ackID struct {
 	id    int64
 	token int64
 	chain *chain // nil for a direct delivery
+	// suspect: a lease of this delivery was lost before with it maybe
+	// running unmarked (deliveries.unstarted > 0); Started writes its mark
+	// before returning (see started.go).
+	suspect bool
 }
 
 type chain struct {
@@ -62,6 +69,7 @@ type chain struct {
 	token int64
 
 	mu        sync.Mutex
+	started   int64 // the highest id Started was called with (started.go)
 	unsettled map[int64]struct{}
 	running   int // settling calls whose transaction has not ended
 	released  bool
@@ -158,6 +166,11 @@ func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		su.nackDirect = s.compactSQL(sqlNackDirectCompact, info.id)
 	}
 	su.listener = startListener(pool, s.channel(topic), su.wake, su.done, o.Logger)
+	if info.opts.Ordering.Keyed() {
+		su.starts.init()
+		su.maint.Add(1)
+		go su.startsLoop()
+	}
 	if info.opts.Ordering.Keyed() && o.VacuumInterval > 0 {
 		su.maint.Add(1)
 		go su.vacuumLoop()
@@ -258,7 +271,13 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 			var key *string
 			var headers []byte
 			var notBefore *time.Time
-			if err := rows.Scan(&id, &m.ID, &key, &m.Payload, &headers, &notBefore, &m.PublishTime, &m.Attempt); err != nil {
+			var suspect bool // keyed claims only
+			if direct {
+				err = rows.Scan(&id, &m.ID, &key, &m.Payload, &headers, &notBefore, &m.PublishTime, &m.Attempt)
+			} else {
+				err = rows.Scan(&id, &m.ID, &key, &m.Payload, &headers, &notBefore, &m.PublishTime, &m.Attempt, &suspect)
+			}
+			if err != nil {
 				return err
 			}
 			if key != nil {
@@ -270,7 +289,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 			if m.Headers, err = decodeHeaders(headers); err != nil {
 				return err
 			}
-			a := &ackID{id: id, token: token}
+			a := &ackID{id: id, token: token, suspect: suspect}
 			if !direct {
 				c := chains[m.Key]
 				if c == nil {

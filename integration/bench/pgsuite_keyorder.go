@@ -127,6 +127,23 @@ func (e *koEnv) consume(ctx context.Context, c config, n int, ordered bool) (flo
 					}
 					mu.Unlock()
 				}
+				if r, ok := s.(adapters.StartRecorder); ok {
+					// The no-op handlers start: tell the driver, one call
+					// per key's chain, as subscribe does (it records
+					// asynchronously; a lost lease counts only started
+					// messages).
+					for i := 0; i < len(ms); {
+						j := i + 1
+						for j < len(ms) && ms[j].Key == ms[i].Key && ms[i].Key != "" {
+							j++
+						}
+						if err := r.Started(ctx, ms[i:j]); err != nil {
+							errs <- err
+							return
+						}
+						i = j
+					}
+				}
 				if err := s.Ack(ctx, ms); err != nil {
 					errs <- err
 					return
