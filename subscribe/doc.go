@@ -178,9 +178,9 @@
 //     process (no native hold), which the broker never sees. The item's
 //     attempt is the one value the handler (Delivery.Attempt), the budget
 //     (MaxAttempts), the dead letter's count and the Observer see. A
-//     driver that implements adapters.StartRecorder is told right before
-//     each run (a batch's members together) that the handler starts, so
-//     that a lost lease counts only messages that ran (PostgreSQL).
+//     driver that can record starts is told right before each run (a
+//     batch's members together) that the handler starts, so that a lost
+//     lease counts only messages that ran (PostgreSQL).
 //   - Chains: the driver owns what the broker leases together (the
 //     PostgreSQL claim's chain of one key, held until every member is
 //     settled; an SQS receive of one group); the Subscriber owns what it
