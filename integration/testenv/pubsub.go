@@ -75,7 +75,7 @@ func StartPubSub(ctx context.Context, o Options) (*Server, error) {
 			}
 			return nil
 		}
-		if err := p.waitReady(ctx, o.startTimeout(60*time.Second), ready); err != nil {
+		if err := p.waitReady(ctx, o.startTimeout(120*time.Second), ready); err != nil {
 			p.stop()
 			return nil, err
 		}
