@@ -44,6 +44,9 @@ type backend struct {
 	note    string // how the systems are configured
 	systems []system
 	close   func()
+	// stats, when set, describes the publish requests of the resource
+	// named id (-rpcs).
+	stats func(id string) string
 }
 
 // result is one system's figures on one workload (medians over rounds).
@@ -91,9 +94,13 @@ func measure(ctx context.Context, b *backend, sys system, w *workload, o options
 		if err != nil {
 			return res, err
 		}
-		e2e, v2, d2, err := e2eRun(ctx, b, sys, w, o)
-		if err != nil {
-			return res, err
+		var e2e float64
+		var v2, d2 int64
+		if !*publishOnly {
+			e2e, v2, d2, err = e2eRun(ctx, b, sys, w, o)
+			if err != nil {
+				return res, err
+			}
 		}
 		pubs, cons, e2es = append(pubs, pub), append(cons, con), append(e2es, e2e)
 		res.violations += v + v2
@@ -112,7 +119,8 @@ func medianOf(v []float64) float64 {
 func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o options) (pub, con float64, viol, dups int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	ep, err := sys.open(ctx, nextID(b.name, sys.name))
+	id := nextID(b.name, sys.name)
+	ep, err := sys.open(ctx, id)
 	if err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("%s: open: %w", sys.name, err)
 	}
@@ -122,6 +130,12 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 		return 0, 0, 0, 0, fmt.Errorf("%s: publish: %w", sys.name, err)
 	}
 	pub = float64(w.n()) / time.Since(start).Seconds()
+	if *rpcs && b.stats != nil {
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s: %s\n", len(w.keys), sys.name, pub, b.stats(id))
+	}
+	if *publishOnly {
+		return pub, 0, 0, 0, nil
+	}
 	chk := newOrderCheck(w)
 	el, err := consumeAll(ctx, ep, chk, time.Now(), nil)
 	if err != nil {
