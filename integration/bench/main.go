@@ -196,14 +196,18 @@ func runBackend(ctx context.Context, name string, o options, stdout io.Writer) (
 	}
 	for _, k := range o.keys {
 		w := newWorkload(o.n, k, o.size)
+		var sel []system
 		for _, sys := range b.systems {
-			if !selected(sys.name, o.only) {
-				continue
+			if selected(sys.name, o.only) {
+				sel = append(sel, sys)
 			}
-			res, err := measure(ctx, b, sys, w, o)
-			if err != nil {
-				return nil, err
-			}
+		}
+		results, err := measureAll(ctx, b, sel, w, o)
+		if err != nil {
+			return nil, err
+		}
+		for i, sys := range sel {
+			res := results[i]
 			fmt.Fprintf(stdout, "  %5d keys  %-26s publish %9.0f  consume %9.0f  e2e %9.0f msgs/s  violations %d  dups %d  (load %.2f)\n",
 				k, sys.name, res.publish, res.consume, res.e2e, res.violations, res.dups, res.load)
 			rep.results = append(rep.results, res)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -110,6 +111,53 @@ func measure(ctx context.Context, b *backend, sys system, w *workload, o options
 	return res, nil
 }
 
+// alternate runs the rounds of the systems in turn (round 1 of each, then
+// round 2 of each, …) instead of every round of one system before the
+// next, so that a change of the machine's load during the run weighs on
+// every system alike.
+var alternate = flag.Bool("alternate", false, "run the rounds of the systems in turn (with -rounds > 1)")
+
+// measureAll measures each of systems on w (see measure), their rounds in
+// turn with -alternate. It returns their results in order.
+func measureAll(ctx context.Context, b *backend, systems []system, w *workload, o options) ([]result, error) {
+	out := make([]result, len(systems))
+	if !*alternate {
+		for i, sys := range systems {
+			res, err := measure(ctx, b, sys, w, o)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = res
+		}
+		return out, nil
+	}
+	one := o
+	one.rounds = 1
+	rounds := make([][]result, len(systems))
+	for range max(o.rounds, 1) {
+		for i, sys := range systems {
+			res, err := measure(ctx, b, sys, w, one)
+			if err != nil {
+				return nil, err
+			}
+			rounds[i] = append(rounds[i], res)
+		}
+	}
+	for i, rs := range rounds {
+		res := rs[0]
+		var pubs, cons, e2es, loads []float64
+		res.violations, res.dups = 0, 0
+		for _, r := range rs {
+			pubs, cons, e2es, loads = append(pubs, r.publish), append(cons, r.consume), append(e2es, r.e2e), append(loads, r.load)
+			res.violations += r.violations
+			res.dups += r.dups
+		}
+		res.publish, res.consume, res.e2e, res.load = medianOf(pubs), medianOf(cons), medianOf(e2es), medianOf(loads)
+		out[i] = res
+	}
+	return out, nil
+}
+
 func medianOf(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -131,7 +179,7 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 	}
 	pub = float64(w.n()) / time.Since(start).Seconds()
 	if *rpcs && b.stats != nil {
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s: %s\n", len(w.keys), sys.name, pub, b.stats(id))
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
 	}
 	if *publishOnly {
 		return pub, 0, 0, 0, nil
