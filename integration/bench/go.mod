@@ -18,6 +18,7 @@ require (
 	github.com/keyorder/keyorder/adapters/pubsub v0.0.0-00010101000000-000000000000
 	github.com/keyorder/keyorder/adapters/pulsar v0.0.0-00010101000000-000000000000
 	github.com/keyorder/keyorder/adapters/sqs v0.0.0-00010101000000-000000000000
+	github.com/prometheus/client_golang v1.23.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 	gonum.org/v1/plot v0.17.0
@@ -87,7 +88,6 @@ require (
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.22 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/prometheus/client_golang v1.23.0 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.65.0 // indirect
 	github.com/prometheus/procfs v0.17.0 // indirect

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
 
@@ -65,4 +66,42 @@ func (s *pubStats) unary(ctx context.Context, method string, req, reply any, cc 
 		s.add(r.Topic, len(r.Messages), b)
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// pulsarStats reads the Pulsar client's metrics (registered in reg, by
+// topic) and describes the send requests of the topic named id: the
+// client observes one RPC latency per request (a batch of one key under
+// key-based batching).
+func pulsarStats(reg *prometheus.Registry) func(id string) string {
+	return func(id string) string {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return err.Error()
+		}
+		var reqs, msgs float64
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				ours := false
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "topic" && strings.HasSuffix(l.GetValue(), "/"+id) {
+						ours = true
+					}
+				}
+				if !ours {
+					continue
+				}
+				switch mf.GetName() {
+				case "pulsar_client_producer_rpc_latency_seconds":
+					reqs += float64(m.GetHistogram().GetSampleCount())
+				case "pulsar_client_messages_published":
+					msgs += m.GetCounter().GetValue()
+				}
+			}
+		}
+		if reqs == 0 {
+			return "no requests counted"
+		}
+		return fmt.Sprintf("%.0f requests, %.0f messages: %.1f requests per 1,000 messages, %.1f messages per request",
+			reqs, msgs, 1000*reqs/max(msgs, 1), msgs/reqs)
+	}
 }
