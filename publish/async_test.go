@@ -490,7 +490,7 @@ func TestPublishBatchIDs(t *testing.T) {
 
 func TestOutstandingDefaults(t *testing.T) {
 	c := (*publish.Config)(nil).WithDefaults()
-	if c.MaxOutstandingMessages != 10_000 || c.MaxOutstandingBytes != 64<<20 {
+	if c.MaxOutstandingMessages != 100_000 || c.MaxOutstandingBytes != 64<<20 {
 		t.Fatalf("defaults %d messages, %d bytes", c.MaxOutstandingMessages, c.MaxOutstandingBytes)
 	}
 }

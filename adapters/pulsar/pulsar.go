@@ -201,6 +201,17 @@ const (
 	MaxBatchDefault = 100
 	// BatchingDelayDefault is how long the producer waits to fill a batch.
 	BatchingDelayDefault = time.Millisecond
+	// MaxPendingMessagesDefault is the producer's MaxPendingMessages (its
+	// queue of messages awaiting the broker's receipt) unless
+	// TopicOptions.ProducerOptions sets it. The client's own default,
+	// 1,000, is a second window behind the publisher's
+	// (publish.Config.MaxOutstandingMessages, which already bounds what
+	// the driver is given): with many keys in flight it let in about one
+	// message of a key at a time, so each key-based batch carried one
+	// message however many of the key were handed over together. (The
+	// client allocates the queue up front: 16 bytes a message, 160 KB a
+	// producer.)
+	MaxPendingMessagesDefault = 10_000
 )
 
 var (

@@ -27,7 +27,8 @@ type TopicOptions struct {
 	// DefaultMaxMessageBytes.
 	MaxMessageBytes int
 	// ProducerOptions, when set, is the template of the producer's options
-	// (its Topic is replaced). With batching enabled its BatcherBuilderType
+	// (its Topic is replaced; a zero MaxPendingMessages means
+	// MaxPendingMessagesDefault). With batching enabled its BatcherBuilderType
 	// must be pulsar.KeyBasedBatchBuilder: the default batcher breaks
 	// Key_Shared dispatch, and asking for it fails with ErrDefaultBatcher.
 	// Setting DisableBatching in the template works as DisableBatching.
@@ -49,6 +50,9 @@ func (o *TopicOptions) producerOptions(topic string) (pulsar.ProducerOptions, er
 		}
 	}
 	po.Topic = topic
+	if po.MaxPendingMessages == 0 {
+		po.MaxPendingMessages = MaxPendingMessagesDefault
+	}
 	if t.DisableBatching {
 		po.DisableBatching = true
 	}

@@ -41,6 +41,13 @@
 // watermill-sql, key counts, backlog, idle latency, retention); -backend
 // pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100).
 //
+// Diagnostics: -rpcs prints, after each backlog publish, the publish
+// requests the broker received and their sizes (pubsub: a gRPC
+// interceptor; pulsar: the client's metrics); -publish-only skips the
+// consume and end-to-end phases; -alternate runs the systems' rounds in
+// turn; $KEYORDER_BENCH_CPUPROFILE names a file for a CPU profile of the
+// run.
+//
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.
 package main
@@ -54,6 +61,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -159,6 +167,17 @@ func main() {
 	if which == "all" {
 		names = backends
 	}
+	if path := os.Getenv("KEYORDER_BENCH_CPUPROFILE"); path != "" {
+		// A CPU profile of the whole run (as -backend fairness takes it).
+		f, err := os.Create(path)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	failed := false
 	for _, name := range names {
 		if _, err := runBackend(ctx, name, o, os.Stdout); err != nil {
@@ -167,6 +186,7 @@ func main() {
 		}
 	}
 	if failed {
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -196,14 +216,18 @@ func runBackend(ctx context.Context, name string, o options, stdout io.Writer) (
 	}
 	for _, k := range o.keys {
 		w := newWorkload(o.n, k, o.size)
+		var sel []system
 		for _, sys := range b.systems {
-			if !selected(sys.name, o.only) {
-				continue
+			if selected(sys.name, o.only) {
+				sel = append(sel, sys)
 			}
-			res, err := measure(ctx, b, sys, w, o)
-			if err != nil {
-				return nil, err
-			}
+		}
+		results, err := measureAll(ctx, b, sel, w, o)
+		if err != nil {
+			return nil, err
+		}
+		for i, sys := range sel {
+			res := results[i]
 			fmt.Fprintf(stdout, "  %5d keys  %-26s publish %9.0f  consume %9.0f  e2e %9.0f msgs/s  violations %d  dups %d  (load %.2f)\n",
 				k, sys.name, res.publish, res.consume, res.e2e, res.violations, res.dups, res.load)
 			rep.results = append(rep.results, res)

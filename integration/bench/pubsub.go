@@ -5,6 +5,8 @@ import (
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
 
 	"github.com/keyorder/keyorder/adapters/pubsub"
 	"github.com/keyorder/keyorder/policy"
@@ -20,7 +22,9 @@ func pubsubBackend(ctx context.Context) (*backend, error) {
 	}
 	// PUBSUB_EMULATOR_HOST is set: the client talks to the emulator
 	// without credentials.
-	client, err := gpubsub.NewClient(ctx, pubsubProject)
+	stats := newPubStats()
+	client, err := gpubsub.NewClient(ctx, pubsubProject,
+		option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(stats.unary)))
 	if err != nil {
 		return nil, err
 	}
@@ -59,6 +63,7 @@ func pubsubBackend(ctx context.Context) (*backend, error) {
 			open: func(ctx context.Context, id string) (endpoint, error) { return openPubSubRaw(ctx, client, id) }}},
 			koSystems(f, t)...),
 		close: func() { client.Close() },
+		stats: stats.line,
 	}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	gopulsar "github.com/apache/pulsar-client-go/pulsar"
 	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keyorder/keyorder/adapters/pulsar"
 	"github.com/keyorder/keyorder/policy"
@@ -29,8 +30,10 @@ func pulsarBackend(context.Context) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	reg := prometheus.NewRegistry()
 	client, err := gopulsar.NewClient(gopulsar.ClientOptions{
 		URL: url, OperationTimeout: 30 * time.Second,
+		MetricsRegisterer: reg, MetricsCardinality: gopulsar.MetricsCardinalityTopic,
 		Logger: pulsarlog.NewLoggerWithSlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
 	})
 	if err != nil {
@@ -72,6 +75,7 @@ func pulsarBackend(context.Context) (*backend, error) {
 			open: func(ctx context.Context, id string) (endpoint, error) { return openPulsarRaw(ctx, client, id) }}},
 			koSystems(f, t)...),
 		close: client.Close,
+		stats: pulsarStats(reg),
 	}, nil
 }
 

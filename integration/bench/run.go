@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -44,6 +45,9 @@ type backend struct {
 	note    string // how the systems are configured
 	systems []system
 	close   func()
+	// stats, when set, describes the publish requests of the resource
+	// named id (-rpcs).
+	stats func(id string) string
 }
 
 // result is one system's figures on one workload (medians over rounds).
@@ -91,9 +95,13 @@ func measure(ctx context.Context, b *backend, sys system, w *workload, o options
 		if err != nil {
 			return res, err
 		}
-		e2e, v2, d2, err := e2eRun(ctx, b, sys, w, o)
-		if err != nil {
-			return res, err
+		var e2e float64
+		var v2, d2 int64
+		if !*publishOnly {
+			e2e, v2, d2, err = e2eRun(ctx, b, sys, w, o)
+			if err != nil {
+				return res, err
+			}
 		}
 		pubs, cons, e2es = append(pubs, pub), append(cons, con), append(e2es, e2e)
 		res.violations += v + v2
@@ -101,6 +109,53 @@ func measure(ctx context.Context, b *backend, sys system, w *workload, o options
 	}
 	res.publish, res.consume, res.e2e = medianOf(pubs), medianOf(cons), medianOf(e2es)
 	return res, nil
+}
+
+// alternate runs the rounds of the systems in turn (round 1 of each, then
+// round 2 of each, …) instead of every round of one system before the
+// next, so that a change of the machine's load during the run weighs on
+// every system alike.
+var alternate = flag.Bool("alternate", false, "run the rounds of the systems in turn (with -rounds > 1)")
+
+// measureAll measures each of systems on w (see measure), their rounds in
+// turn with -alternate. It returns their results in order.
+func measureAll(ctx context.Context, b *backend, systems []system, w *workload, o options) ([]result, error) {
+	out := make([]result, len(systems))
+	if !*alternate {
+		for i, sys := range systems {
+			res, err := measure(ctx, b, sys, w, o)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = res
+		}
+		return out, nil
+	}
+	one := o
+	one.rounds = 1
+	rounds := make([][]result, len(systems))
+	for range max(o.rounds, 1) {
+		for i, sys := range systems {
+			res, err := measure(ctx, b, sys, w, one)
+			if err != nil {
+				return nil, err
+			}
+			rounds[i] = append(rounds[i], res)
+		}
+	}
+	for i, rs := range rounds {
+		res := rs[0]
+		var pubs, cons, e2es, loads []float64
+		res.violations, res.dups = 0, 0
+		for _, r := range rs {
+			pubs, cons, e2es, loads = append(pubs, r.publish), append(cons, r.consume), append(e2es, r.e2e), append(loads, r.load)
+			res.violations += r.violations
+			res.dups += r.dups
+		}
+		res.publish, res.consume, res.e2e, res.load = medianOf(pubs), medianOf(cons), medianOf(e2es), medianOf(loads)
+		out[i] = res
+	}
+	return out, nil
 }
 
 func medianOf(v []float64) float64 {
@@ -112,7 +167,8 @@ func medianOf(v []float64) float64 {
 func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o options) (pub, con float64, viol, dups int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	ep, err := sys.open(ctx, nextID(b.name, sys.name))
+	id := nextID(b.name, sys.name)
+	ep, err := sys.open(ctx, id)
 	if err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("%s: open: %w", sys.name, err)
 	}
@@ -122,6 +178,12 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 		return 0, 0, 0, 0, fmt.Errorf("%s: publish: %w", sys.name, err)
 	}
 	pub = float64(w.n()) / time.Since(start).Seconds()
+	if *rpcs && b.stats != nil {
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
+	}
+	if *publishOnly {
+		return pub, 0, 0, 0, nil
+	}
 	chk := newOrderCheck(w)
 	el, err := consumeAll(ctx, ep, chk, time.Now(), nil)
 	if err != nil {
