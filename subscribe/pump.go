@@ -63,8 +63,21 @@ type item struct {
 }
 
 // chain links consecutive messages of one key received together from a
-// native-hold broker; when one fails under Ordered the rest go back.
-type chain struct{ broken atomic.Bool }
+// native-hold broker; when one fails under Ordered the rest go back, or,
+// under Capabilities.HoldChains, wait in process behind its retry. last is
+// the chain's last member (set by the pump before any member reaches a
+// lane).
+type chain struct {
+	broken atomic.Bool
+	last   *item
+}
+
+// holdsChain reports whether a failed it is retried in process with the
+// rest of its chain waiting behind it (Capabilities.HoldChains), rather
+// than returned to the broker with the rest given back.
+func (s *Subscriber) holdsChain(it *item) bool {
+	return s.caps.HoldChains && it.chain != nil && it.chain.last != it && !it.chain.broken.Load()
+}
 
 // itemSlab is how many items the pump allocates at once (Subscriber.items).
 // Items are never reused: an item lives as long as anything reaches it (a
@@ -144,6 +157,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 						prev.chain = &chain{}
 					}
 					it.chain = prev.chain
+					it.chain.last = it
 				}
 				prev = it
 			}

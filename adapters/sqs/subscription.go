@@ -136,16 +136,14 @@ const receiveTimeout = 15 * time.Second
 // cancelled by ctx (see the package documentation); messages it brings
 // after ctx ended are returned together with ctx's error.
 //
-// Under Ordered (without OldestFirst) each ReceiveMessage call asks for one
-// message, so every message is received as its group's head: SQS counts
-// every receive, and a message received behind its head and put back
-// unrun would count as an attempt wherever it is received next (see
-// attempt). Once one call returns a message, maxMessages-1 more calls
-// without wait run at once, each taking the head of another group (SQS
-// hands out nothing of a group with a message in flight).
+// One ReceiveMessage call asks for the whole batch (with OldestFirst, for
+// 10, see fit); a group's messages in it come consecutively, as a chain.
+// Under Ordered the subscriber holds a chain whose member failed in
+// process (Capabilities.HoldChains), so the chain's later messages are not
+// put back unrun, which would count as an attempt wherever they are
+// received next (see attempt).
 func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
 	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
-	heads := s.ordering == policy.Ordered && !s.oldestFirst
 	for {
 		if s.isClosed() {
 			return nil, errClosed
@@ -160,11 +158,8 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 		// OldestFirst asks for a full batch: SQS does not hand out groups
 		// oldest first, so Receive chooses the oldest heads itself (see fit).
 		ask := maxMessages
-		switch {
-		case s.oldestFirst:
+		if s.oldestFirst {
 			ask = MaxBatchMessages
-		case heads:
-			ask = 1
 		}
 		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
 		if err != nil {
@@ -172,9 +167,6 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 				return nil, ctx.Err()
 			}
 			return nil, err
-		}
-		if heads && len(raw) > 0 && maxMessages > 1 {
-			raw = append(raw, s.moreHeads(ctx, maxMessages-1)...)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
@@ -189,29 +181,6 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 			}
 		}
 	}
-}
-
-// moreHeads receives up to n more messages, one per call, n calls at once,
-// without waiting. A failing call is logged; the messages of the others are
-// returned.
-func (s *subscriptionDriver) moreHeads(ctx context.Context, n int) []types.Message {
-	var mu sync.Mutex
-	var out []types.Message
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			raw, err := s.receiveRaw(ctx, s.queueURL, 1, 0, s.lease)
-			if err != nil {
-				s.log.Warn("keyorder sqs: receive failed; the other calls' messages are returned", "queue", s.queueURL, "err", err)
-				return
-			}
-			mu.Lock()
-			out = append(out, raw...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return out
 }
 
 func (s *subscriptionDriver) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
@@ -898,9 +867,15 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 	return n, err
 }
 
-// Capabilities describes the subscription: SQS holds groups natively.
+// Capabilities describes the subscription: SQS holds groups natively, and
+// under Ordered a chain whose member failed is held in process
+// (HoldChains), since SQS counts every receive: a chain's later messages
+// put back unrun would count as an attempt in the next process.
 func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{Ordering: s.ordering, NativeHold: true, LeaseDuration: s.lease, MaxBatch: MaxBatchMessages}
+	return adapters.Capabilities{
+		Ordering: s.ordering, NativeHold: true, HoldChains: s.ordering == policy.Ordered,
+		LeaseDuration: s.lease, MaxBatch: MaxBatchMessages,
+	}
 }
 
 // IsRetryable reports whether err is transient.
