@@ -393,7 +393,7 @@ func TestFailedChainHeldInProcess(t *testing.T) {
 		}
 		rec := &callRecorder{Subscription: drv}
 		if !rec.Capabilities().HoldChains {
-			t.Fatal("the Ordered driver does not declare HoldChains")
+			t.Error("the Ordered driver does not declare HoldChains")
 		}
 		s, err := subscribe.New(rec, &subscribe.Config{
 			Workers: 4,
