@@ -322,7 +322,9 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 		case s.acked.has(it.m.ID):
 			s.stats.Suppressed.Add(1)
 			s.acks <- it
-		case it.chain != nil && it.chain.broken.Load():
+		case it.chain != nil && it.chain.broken.Load() && !it.called:
+			// Not run yet (a member that ran waits for its retry in
+			// process under HoldChains and keeps it; see handle).
 			s.cut(c.batch[k:])
 			c.batch = c.batch[:0]
 			return s.runBatch(ctx, h, c, run)

@@ -23,10 +23,9 @@
 // and the broker holds its group; the rest of a chain received with it is
 // returned unhandled, unless the driver declares Capabilities.HoldChains
 // (SQS, whose receive count would count that return as an attempt in the
-// next process): then a failed message with later messages of its chain
-// behind it is held in process as below, the chain's rest waiting behind
-// it, and only a failed message with nothing behind it is returned with
-// Nack. Elsewhere the failed message stays in its lane, its
+// next process): then a failed member of a chain is held in process as
+// below, the chain's rest waiting behind it, and only a failed message
+// received alone is returned with Nack. Elsewhere the failed message stays in its lane, its
 // key parked until the retry time, its lease kept alive, and it is retried
 // in process before anything behind it; the broker is never asked to
 // redeliver it.

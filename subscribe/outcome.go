@@ -34,7 +34,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		s.acks <- it
 		return lanes.Done()
 	}
-	if it.chain != nil && it.chain.broken.Load() {
+	if it.chain != nil && it.chain.broken.Load() && !it.called {
+		// Not run yet: it goes back unrun. One that ran and waits for
+		// its retry in process (HoldChains) keeps its lease and its
+		// attempts: handing it back would lose the attempts run in
+		// process, and with lane keys the member whose loss broke the
+		// chain may be in another lane.
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
 		return lanes.Done()
 	}

@@ -64,19 +64,18 @@ type item struct {
 
 // chain links consecutive messages of one key received together from a
 // native-hold broker; when one fails under Ordered the rest go back, or,
-// under Capabilities.HoldChains, wait in process behind its retry. last is
-// the chain's last member (set by the pump before any member reaches a
-// lane).
-type chain struct {
-	broken atomic.Bool
-	last   *item
-}
+// under Capabilities.HoldChains, wait in process behind its retry.
+type chain struct{ broken atomic.Bool }
 
-// holdsChain reports whether a failed it is retried in process with the
-// rest of its chain waiting behind it (Capabilities.HoldChains), rather
-// than returned to the broker with the rest given back.
+// holdsChain reports whether a failed it is retried in process, the rest
+// of its chain waiting behind it (Capabilities.HoldChains), rather than
+// returned to the broker with the rest given back. Every member of a chain
+// is: the last one too, since with lane keys (Config.LaneKey) the members
+// run in several lanes and a member retried in process may still wait
+// while the last fails, and a message once retried in process must stay
+// there (a Nack would count one attempt for all its runs).
 func (s *Subscriber) holdsChain(it *item) bool {
-	return s.caps.HoldChains && it.chain != nil && it.chain.last != it && !it.chain.broken.Load()
+	return s.caps.HoldChains && it.chain != nil
 }
 
 // itemSlab is how many items the pump allocates at once (Subscriber.items).
@@ -157,7 +156,6 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 						prev.chain = &chain{}
 					}
 					it.chain = prev.chain
-					it.chain.last = it
 				}
 				prev = it
 			}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -342,8 +341,8 @@ func (r *callRecorder) Nack(ctx context.Context, m *adapters.Message, delay time
 // the failed message is retried in process, the chain's later messages wait
 // behind it leased, and nothing is put back unrun, so no process, this one
 // or another consuming the queue, sees a receive that was not a run counted
-// as an attempt. Only a failed message with nothing of its chain behind it
-// goes back to SQS (Nack), whose next receive counts its run exactly.
+// as an attempt (a4, the chain's last, is held too: see
+// subscribe's holdsChain).
 func TestFailedChainHeldInProcess(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := t.Context()
@@ -434,10 +433,8 @@ func TestFailedChainHeldInProcess(t *testing.T) {
 		if len(r.released) > 0 {
 			t.Errorf("process %d put back unrun %v", i+1, r.released)
 		}
-		for _, id := range r.nacked {
-			if !strings.HasSuffix(id, "/a4") {
-				t.Errorf("process %d returned %s to SQS with later messages of its chain behind it", i+1, id)
-			}
+		if len(r.nacked) > 0 {
+			t.Errorf("process %d returned %v to SQS, received in a chain", i+1, r.nacked)
 		}
 		r.mu.Unlock()
 	}

@@ -72,7 +72,7 @@
 // SQS holds a group natively (Capabilities.NativeHold): under Ordered a
 // failed message is returned with ChangeMessageVisibility(delay), and the
 // group's later messages stay blocked until it is deleted. A failed message
-// that came with later messages of its group in one receive (a chain) is
+// that came with other messages of its group in one receive (a chain) is
 // not returned: the subscriber holds the chain in process
 // (Capabilities.HoldChains), retrying the failed message there while the
 // rest of the chain waits behind it, every lease extended, so that nothing
@@ -138,7 +138,7 @@
 // what it carries: every earlier receive of it came with that head, which
 // is still queued, so none of them ran it. A failure puts nothing back
 // unrun under Ordered: a chain whose member failed is held in process (see
-// Ordering), and a failed message with nothing behind it goes back with
+// Ordering), and a failed message received alone goes back with
 // ChangeMessageVisibility, its receive a run. What is counted is then a
 // failed attempt (Nack) or a lost lease: a crash, or a lease SQS refused to
 // extend. The bound on what a crash (or any lost lease) costs: one receive
