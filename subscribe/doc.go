@@ -62,7 +62,9 @@
 // Where the broker holds groups natively (PostgreSQL, SQS, a memory
 // subscription with Hold Native) a held key's later messages stay on the
 // broker, and only messages waiting in process on a time (a throttled
-// message, say) count against MaxHeld.
+// message, say) count against MaxHeld; under Capabilities.HoldChains (SQS)
+// so do the members of a held chain waiting behind its failed message (at
+// most one receive's worth of a key).
 //
 // # Keys, fairness and throttling
 //
