@@ -482,19 +482,9 @@ func (s *subscriptionDriver) attempt(rm *types.Message, m *adapters.Message, tai
 	return prior + max(n, 1)
 }
 
-// ackParallel is how many DeleteMessageBatch calls one Ack makes at once:
-// the subscriber acknowledges up to 256 messages per call, and 10 per
-// DeleteMessageBatch one after another would bind consuming to one round
-// trip per 10 messages.
-const ackParallel = 8
-
-// Ack deletes messages with DeleteMessageBatch, 10 per call, up to
-// ackParallel calls at once.
+// Ack deletes messages with DeleteMessageBatch.
 func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
-	var mu sync.Mutex
 	var errs []error
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, ackParallel)
 	for start := 0; start < len(ms); start += MaxBatchMessages {
 		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
 		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
@@ -503,24 +493,15 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) er
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
 			s.book.forget(d.sqsID)
 		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
-			switch {
-			case err != nil:
-				err = fmt.Errorf("sqs: delete from %s: %w", s.queueURL, err)
-			case len(out.Failed) > 0:
-				err = batchError("delete", out.Failed)
-			}
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		})
+		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: delete from %s: %w", s.queueURL, err))
+			continue
+		}
+		if len(out.Failed) > 0 {
+			errs = append(errs, batchError("delete", out.Failed))
+		}
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 
