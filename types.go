@@ -70,6 +70,16 @@ type Capabilities struct {
 	// while earlier ones are unsettled (in key order), and the subscriber
 	// holds the group in process.
 	NativeHold bool
+	// HoldChains, with NativeHold under Ordered, keeps a chain (a key's
+	// consecutive messages returned by one receive) in process when one of
+	// its members fails: the failed message is retried in process and the
+	// later members wait behind it, their leases extended, instead of the
+	// failed one being returned with a delay and the rest given back
+	// unrun. A failed message received alone is still returned to the
+	// broker. It is for brokers that count every delivery as an attempt (SQS's
+	// receive count), where a message given back unrun would count as an
+	// attempt in the next process that receives it.
+	HoldChains bool
 	// LeaseDuration is how long a received message stays leased without
 	// being extended. Zero means the driver keeps leases alive by itself.
 	LeaseDuration time.Duration

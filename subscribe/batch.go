@@ -322,7 +322,9 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 		case s.acked.has(it.m.ID):
 			s.stats.Suppressed.Add(1)
 			s.acks <- it
-		case it.chain != nil && it.chain.broken.Load():
+		case it.chain != nil && it.chain.broken.Load() && !it.called:
+			// Not run yet (a member that ran waits for its retry in
+			// process under HoldChains and keeps it; see handle).
 			s.cut(c.batch[k:])
 			c.batch = c.batch[:0]
 			return s.runBatch(ctx, h, c, run)
@@ -493,7 +495,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		c.batch = rest
 		return lanes.RetryAt(time.Time{})
 	}
-	if s.caps.NativeHold {
+	if s.caps.NativeHold && !s.holdsChain(it) {
 		// The broker holds the key: the failed message goes back with its
 		// delay, those behind it unhandled (and the rest of its chain,
 		// wherever it waits, when its turn comes).
@@ -505,8 +507,9 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		s.cut(rest)
 		return lanes.Done()
 	}
-	// Hold in process: the failed message and those behind it stay in the
-	// lane as the batch, the key parked until the retry time.
+	// Hold in process (no native hold, or the rest of its chain behind it
+	// under HoldChains): the failed message and those behind it stay in
+	// the lane as the batch, the key parked until the retry time.
 	it.attempt++
 	s.park(it)
 	c.batch = run[i:]

@@ -21,7 +21,11 @@
 // the broker, and by the lanes in process. Where the broker holds a group
 // natively (Capabilities.NativeHold) a failed message is returned with Nack
 // and the broker holds its group; the rest of a chain received with it is
-// returned unhandled. Elsewhere the failed message stays in its lane, its
+// returned unhandled, unless the driver declares Capabilities.HoldChains
+// (SQS, whose receive count would count that return as an attempt in the
+// next process): then a failed member of a chain is held in process as
+// below, the chain's rest waiting behind it, and only a failed message
+// received alone is returned with Nack. Elsewhere the failed message stays in its lane, its
 // key parked until the retry time, its lease kept alive, and it is retried
 // in process before anything behind it; the broker is never asked to
 // redeliver it.
@@ -58,7 +62,9 @@
 // Where the broker holds groups natively (PostgreSQL, SQS, a memory
 // subscription with Hold Native) a held key's later messages stay on the
 // broker, and only messages waiting in process on a time (a throttled
-// message, say) count against MaxHeld.
+// message, say) count against MaxHeld; under Capabilities.HoldChains (SQS)
+// so do the members of a held chain waiting behind its failed message (at
+// most one receive's worth of a key).
 //
 // # Keys, fairness and throttling
 //

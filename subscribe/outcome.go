@@ -34,7 +34,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		s.acks <- it
 		return lanes.Done()
 	}
-	if it.chain != nil && it.chain.broken.Load() {
+	if it.chain != nil && it.chain.broken.Load() && !it.called {
+		// Not run yet: it goes back unrun. One that ran and waits for
+		// its retry in process (HoldChains) keeps its lease and its
+		// attempts: handing it back would lose the attempts run in
+		// process, and with lane keys the member whose loss broke the
+		// chain may be in another lane.
 		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
 		return lanes.Done()
 	}
@@ -113,14 +118,15 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	observed(end, OutcomeRetry, err)
 	s.stats.Retried.Add(1)
 	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
-	if s.caps.NativeHold {
+	if s.caps.NativeHold && !s.holdsChain(it) {
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
 		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		return lanes.Done()
 	}
-	// Hold in process: the item stays in its lane, its key parked, its
+	// Hold in process (no native hold, or the rest of its chain behind it
+	// under HoldChains): the item stays in its lane, its key parked, its
 	// lease kept alive; its flow-control token is returned so other keys
 	// keep flowing.
 	it.attempt++

@@ -63,8 +63,20 @@ type item struct {
 }
 
 // chain links consecutive messages of one key received together from a
-// native-hold broker; when one fails under Ordered the rest go back.
+// native-hold broker; when one fails under Ordered the rest go back, or,
+// under Capabilities.HoldChains, wait in process behind its retry.
 type chain struct{ broken atomic.Bool }
+
+// holdsChain reports whether a failed it is retried in process, the rest
+// of its chain waiting behind it (Capabilities.HoldChains), rather than
+// returned to the broker with the rest given back. Every member of a chain
+// is: the last one too, since with lane keys (Config.LaneKey) the members
+// run in several lanes and a member retried in process may still wait
+// while the last fails, and a message once retried in process must stay
+// there (a Nack would count one attempt for all its runs).
+func (s *Subscriber) holdsChain(it *item) bool {
+	return s.caps.HoldChains && it.chain != nil
+}
 
 // itemSlab is how many items the pump allocates at once (Subscriber.items).
 // Items are never reused: an item lives as long as anything reaches it (a

@@ -36,8 +36,9 @@ type Subscriber struct {
 	tokens chan struct{}
 	acks   chan *item
 
-	// holdKeys: Ordered without native hold, so a key whose head waits in
-	// process on a time holds the key's later messages in process too.
+	// holdKeys: Ordered without native hold (or with HoldChains), so a
+	// key whose head waits in process on a time holds the key's later
+	// messages in process too.
 	holdKeys bool
 	seq      uint64          // receive order; pump only
 	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
@@ -142,7 +143,8 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	if s.caps.MaxBatch <= 0 {
 		s.caps.MaxBatch = 1
 	}
-	s.holdKeys = !s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	s.caps.HoldChains = s.caps.HoldChains && s.caps.NativeHold && s.caps.Ordering == policy.Ordered
+	s.holdKeys = (!s.caps.NativeHold || s.caps.HoldChains) && s.caps.Ordering == policy.Ordered
 	s.throttles = newThrottler(c.Throttles)
 	if n, ok := drv.(adapters.Namer); ok {
 		s.name = n.Name()
@@ -160,9 +162,10 @@ func (s *Subscriber) Capabilities() keyorder.Capabilities { return s.caps }
 // returns messages never started to the broker, and returns nil. On a
 // broker that holds groups natively (Capabilities.NativeHold) it first
 // handles, within the same ShutdownTimeout, the messages it has already
-// received: nothing of those waits in process for a retry, and a message
-// handed back unstarted costs a receive that a broker counting every
-// receive (SQS) would report to the next consumer as an attempt. It returns
+// received (and, under Capabilities.HoldChains, the in-process retries of
+// held chains): a message handed back unstarted costs a receive that a
+// broker counting every receive (SQS) would report to the next consumer as
+// an attempt. It returns
 // an error if the subscription fails permanently. Run may be called once,
 // and not after Close (it then returns keyorder.ErrClosed). After Run
 // returns, call Close to release the subscription.
@@ -279,7 +282,8 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 
 // drain waits until every message received has been settled, or ctx ends.
 // On a broker that holds groups natively nothing waits in process for a
-// retry, so what was received can run now: running it, rather than handing
+// retry (but a held chain's, under HoldChains, whose wait the retry
+// policy bounds), so what was received can run now: running it, rather than handing
 // it back unstarted, keeps another process from counting this receive as
 // an attempt (SQS counts every receive; see adapters/sqs).
 func (s *Subscriber) drain(ctx context.Context) {

@@ -230,11 +230,7 @@ func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
 			client, q, topic, dead := openWith(t, opts)
 			send(t, topic, "a1:A", "a2:A", "a3:A")
 			_, names := receive(t, dead, 10, 5*time.Second)
-			want := []string{"a1@1"} // one message per call: the head only
-			if oldest {
-				want = []string{"a1@1", "a2@1", "a3@1"}
-			}
-			if !slices.Equal(names, want) {
+			if want := []string{"a1@1", "a2@1", "a3@1"}; !slices.Equal(names, want) {
 				t.Fatalf("received %v, want %v", names, want)
 			}
 			// The consumer dies; another one takes over after the lease.
@@ -257,5 +253,189 @@ func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
 				t.Fatalf("after the lost lease got %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// The bound on what a crash costs: a process that dies holding a chain
+// (its leases expire) leaves one receive on each message of it; a message
+// it had not started then reports one attempt more than its runs wherever
+// it is next received as its group's head, and never more than one per
+// crash. Received again behind its head it reports its runs exactly.
+func TestCrashInflatesUnstartedByOnePerCrash(t *testing.T) {
+	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: time.Second, WaitTime: time.Second}
+	client, q, topic, p1 := openWith(t, opts)
+	send(t, topic, "a1:A", "a2:A", "a3:A")
+	ms, names := receive(t, p1, 10, 5*time.Second)
+	if want := []string{"a1@1", "a2@1", "a3@1"}; !slices.Equal(names, want) {
+		t.Fatalf("received %v, want the chain %v", names, want)
+	}
+	// a1 runs and is acknowledged; the process dies before a2 and a3
+	// start.
+	if err := p1.Ack(t.Context(), ms[:1]); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := sqs.OpenSubscriptionDriver(t.Context(), client, processURL(t, q, 2), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After the lease: a2 as head carries the crash's receive (one above
+	// its runs, the bound); a3, taken alone by the next process, too.
+	var got []string
+	for len(got) < 1 {
+		ms, names = receive(t, p2, 1, 5*time.Second)
+		got = append(got, names...)
+	}
+	if !slices.Equal(got, []string{"a2@2"}) {
+		t.Fatalf("after the crash received %v, want a2@2", got)
+	}
+	if err := p2.Ack(t.Context(), ms); err != nil {
+		t.Fatal(err)
+	}
+	ms, names = receive(t, p2, 1, 5*time.Second)
+	if !slices.Equal(names, []string{"a3@2"}) {
+		t.Fatalf("then received %v, want a3@2", names)
+	}
+	// p2 dies too, holding a3 unstarted: one more, not more.
+	p3, err := sqs.OpenSubscriptionDriver(t.Context(), client, processURL(t, q, 3), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	for len(got) < 1 {
+		ms, names = receive(t, p3, 10, 5*time.Second)
+		got = append(got, names...)
+	}
+	if !slices.Equal(got, []string{"a3@3"}) {
+		t.Fatalf("after the second crash received %v, want a3@3", got)
+	}
+	if err := p3.Ack(t.Context(), ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// callRecorder records the hand-backs (Release, Nack) of a subscriber.
+type callRecorder struct {
+	adapters.Subscription
+	mu       sync.Mutex
+	released []string
+	nacked   []string
+}
+
+func (r *callRecorder) Release(ctx context.Context, ms []*adapters.Message) error {
+	r.mu.Lock()
+	for _, m := range ms {
+		r.released = append(r.released, m.ID)
+	}
+	r.mu.Unlock()
+	return r.Subscription.Release(ctx, ms)
+}
+
+func (r *callRecorder) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+	r.mu.Lock()
+	r.nacked = append(r.nacked, m.ID)
+	r.mu.Unlock()
+	return r.Subscription.Nack(ctx, m, delay)
+}
+
+// A chain whose member fails is held in process (Capabilities.HoldChains):
+// the failed message is retried in process, the chain's later messages wait
+// behind it leased, and nothing is put back unrun, so no process, this one
+// or another consuming the queue, sees a receive that was not a run counted
+// as an attempt (a4, the chain's last, is held too: see
+// subscribe's holdsChain).
+func TestFailedChainHeldInProcess(t *testing.T) {
+	client, _ := newClient(t)
+	ctx := t.Context()
+	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: 30 * time.Second, WaitTime: time.Second}
+	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("hc"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQueues(client, q) })
+	topic, err := sqs.OpenTopicDriver(ctx, client, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a1 fails once, a2 twice; a4, the chain's last, fails once.
+	fails := map[string]int{"a1": 1, "a2": 2, "a4": 1}
+	send(t, topic, "a1:A", "a2:A", "a3:A", "a4:A")
+
+	var mu sync.Mutex
+	runs := map[string]int{}
+	var order, wrong []string
+	finished := make(chan struct{})
+	handler := func(_ context.Context, d *keyorder.Delivery) error {
+		name := string(d.Message.Payload)
+		mu.Lock()
+		defer mu.Unlock()
+		runs[name]++
+		order = append(order, fmt.Sprintf("%s@%d", name, d.Attempt))
+		if d.Attempt != runs[name] {
+			wrong = append(wrong, fmt.Sprintf("%s: attempt %d at run %d", name, d.Attempt, runs[name]))
+		}
+		if runs[name] <= fails[name] {
+			return fmt.Errorf("run %d of %s fails", runs[name], name)
+		}
+		if name == "a4" {
+			close(finished)
+		}
+		return nil
+	}
+	// Two consuming processes.
+	var recs []*callRecorder
+	var subs []*subscribe.Subscriber
+	dones := make([]chan error, 2)
+	for i := range 2 {
+		drv, err := sqs.OpenSubscriptionDriver(ctx, client, processURL(t, q, i+1), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &callRecorder{Subscription: drv}
+		if !rec.Capabilities().HoldChains {
+			t.Error("the Ordered driver does not declare HoldChains")
+		}
+		s, err := subscribe.New(rec, &subscribe.Config{
+			Workers: 4,
+			Retry:   policy.Retry{MaxAttempts: 5, MinBackoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs, subs = append(recs, rec), append(subs, s)
+		dones[i] = make(chan error, 1)
+		go func() { dones[i] <- s.Run(context.WithoutCancel(ctx), handler) }()
+	}
+	select {
+	case <-finished:
+	case <-time.After(30 * time.Second):
+		t.Error("a4 not acknowledged after 30s")
+	}
+	for i, s := range subs {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if err := s.Close(sctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		cancel()
+		if err := <-dones[i]; err != nil && !errors.Is(err, keyorder.ErrClosed) {
+			t.Errorf("run: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"a1@1", "a1@2", "a2@1", "a2@2", "a2@3", "a3@1", "a4@1", "a4@2"}; !slices.Equal(order, want) {
+		t.Errorf("runs %v, want %v", order, want)
+	}
+	for _, w := range wrong {
+		t.Errorf("attempt above or below the real runs: %s", w)
+	}
+	for i, r := range recs {
+		r.mu.Lock()
+		if len(r.released) > 0 {
+			t.Errorf("process %d put back unrun %v", i+1, r.released)
+		}
+		if len(r.nacked) > 0 {
+			t.Errorf("process %d returned %v to SQS, received in a chain", i+1, r.nacked)
+		}
+		r.mu.Unlock()
 	}
 }

@@ -71,7 +71,12 @@
 //
 // SQS holds a group natively (Capabilities.NativeHold): under Ordered a
 // failed message is returned with ChangeMessageVisibility(delay), and the
-// group's later messages stay blocked until it is deleted. Visibility
+// group's later messages stay blocked until it is deleted. A failed message
+// that came with other messages of its group in one receive (a chain) is
+// not returned: the subscriber holds the chain in process
+// (Capabilities.HoldChains), retrying the failed message there while the
+// rest of the chain waits behind it, every lease extended, so that nothing
+// is put back unrun (see Delivery semantics). Visibility
 // timeouts are whole seconds, so a retry delay is rounded up to the next
 // second (at most 12 hours). Under Exclusive, where later messages may
 // overtake a failed one, a failed message is instead sent again to the end
@@ -88,25 +93,20 @@
 // back too. Within the last second the subscriber waits in process.
 //
 // One ReceiveMessage call can return up to 10 messages, and SQS prefers
-// several of one group. Under Ordered Receive asks for one message per
-// call, so that every message is received as its group's head (see
-// Delivery semantics: a message received behind its head and put back
-// unrun would count as an attempt elsewhere); to fill a batch, once one
-// call has returned a message, Receive makes the remaining calls at once
-// without waiting, each taking the head of another group. Under Exclusive
-// and Parallel one call asks for the whole batch, and a group's messages
-// in it form a chain, returned consecutively. SQS does not hand out groups
-// oldest first (ElasticMQ, asked for 2 messages of the arrivals a1(A)
-// a2(A) s1 b1(B), returns a1 a2; asked for 1 more, returns b1 before s1).
-// With Options.OldestFirst (URL parameter oldest_first=true) Receive asks
-// for a full batch of 10 and chooses: the oldest group heads first (by
-// SequenceNumber), then their chain tails while room is left, and puts the
-// rest back at once; groups then go oldest first as far as one receive
-// shows them. The price is a ChangeMessageVisibilityBatch call whenever the
-// subscriber asks for fewer than SQS returned, and receive counts raised by
-// those put-backs, which other consuming processes may count as attempts:
-// OldestFirst is for a single consuming process. Put-back messages
-// (Release, OldestFirst's surplus, not-before holds' successors) are made
+// several of one group. Receive asks for the batch the subscriber asked for
+// in one call, and a group's messages in it form a chain, returned
+// consecutively. SQS does not hand out groups oldest first (ElasticMQ,
+// asked for 2 messages of the arrivals a1(A) a2(A) s1 b1(B), returns a1
+// a2; asked for 1 more, returns b1 before s1). With Options.OldestFirst
+// (URL parameter oldest_first=true) Receive asks for a full batch of 10 and
+// chooses: the oldest group heads first (by SequenceNumber), then their
+// chain tails while room is left, and puts the rest back at once; groups
+// then go oldest first as far as one receive shows them. The price is a
+// ChangeMessageVisibilityBatch call whenever the subscriber asks for fewer
+// than SQS returned, and receive counts raised by those put-backs, which
+// other consuming processes may count as attempts: OldestFirst is for a
+// single consuming process. Put-back messages (Release, OldestFirst's
+// surplus, not-before holds' successors) are made
 // visible again with ChangeMessageVisibility(0), the last first: ElasticMQ
 // hands out a group's visible message while a later one of the group is
 // still in flight, so the first made visible first could be received alone
@@ -134,15 +134,28 @@
 // minus the put-backs this driver made itself (bounded to its last 100,000
 // messages), plus the attempts an Exclusive retry carries in
 // keyorder-attempts when it was sent to the end of its group. A message
-// received behind its group's head under Ordered (only with OldestFirst)
-// reports attempt 1 plus what it carries: every earlier receive of it came
-// with that head, which is still queued, so none of them ran it. What is
-// counted is then a failed attempt (Nack) or a lost lease: a crash, or a
-// lease SQS refused to extend. What can still overcount, by one per
-// occurrence: a message another process received and put back unrun — one
-// that arrived as its subscriber stopped past its ShutdownTimeout, or an
-// OldestFirst surplus. (The subscriber runs what it received before Run
-// returns; see subscribe.Subscriber.Run.)
+// received behind its group's head under Ordered reports attempt 1 plus
+// what it carries: every earlier receive of it came with that head, which
+// is still queued, so none of them ran it. A failure puts nothing back
+// unrun under Ordered: a chain whose member failed is held in process (see
+// Ordering), and a failed message received alone goes back with
+// ChangeMessageVisibility, its receive a run. What is counted is then a
+// failed attempt (Nack) or a lost lease: a crash, or a lease SQS refused to
+// extend. The bound on what a crash (or any lost lease) costs: one receive
+// on each message the process held; a message it had not started then
+// reports, wherever it is next received as its group's head, one attempt
+// more than its runs: at most one per crash that held it
+// (TestCrashInflatesUnstartedByOnePerCrash). What can also overcount, by
+// one per occurrence: a message another process received and put back
+// unrun — one that arrived as its subscriber stopped past its
+// ShutdownTimeout (a held chain whose retry had not come by then among
+// them), the messages behind a not-before hold received with it (see
+// above), or an OldestFirst surplus. (The subscriber runs what it received,
+// held chains' retries included, before Run returns; see
+// subscribe.Subscriber.Run.) The retries of a held chain run in process
+// are no receives: after a crash or a put-back, the failed message's next
+// receive counts one attempt for all of them, so it may run more than
+// MaxAttempts times in all, never fewer.
 //
 // A received message is leased for the visibility timeout
 // (Capabilities.LeaseDuration), extended by the subscriber with
@@ -311,14 +324,9 @@ type Options struct {
 	// subscriber did not ask for (see Ordering in the package
 	// documentation). Every put-back raises the message's
 	// ApproximateReceiveCount, which other processes may see as attempts:
-	// use it with one consuming process. It is also the fast consumer
-	// under Ordered: one call brings up to 10 messages, a group's
-	// consecutive ones running as a chain, where the default makes one
-	// call per message (against ElasticMQ, 20,000 messages over 200
-	// groups: 0.90x the raw client's consume with OldestFirst, 0.06-0.10x
-	// without). Defaults to false: Receive asks SQS for what the
-	// subscriber asked (under Ordered one message per call) and takes
-	// SQS's choice.
+	// use it with one consuming process. Defaults to false: Receive asks
+	// SQS for what the subscriber asked (up to 10 per call, a group's
+	// consecutive messages running as a chain) and takes SQS's choice.
 	OldestFirst bool
 	// WaitTime is the long-poll wait of one ReceiveMessage call, 0 to 20s,
 	// whole seconds. Defaults to WaitTimeDefault; a negative value means 0

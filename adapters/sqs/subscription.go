@@ -136,16 +136,21 @@ const receiveTimeout = 15 * time.Second
 // cancelled by ctx (see the package documentation); messages it brings
 // after ctx ended are returned together with ctx's error.
 //
-// Under Ordered (without OldestFirst) each ReceiveMessage call asks for one
-// message, so every message is received as its group's head: SQS counts
-// every receive, and a message received behind its head and put back
-// unrun would count as an attempt wherever it is received next (see
-// attempt). Once one call returns a message, maxMessages-1 more calls
-// without wait run at once, each taking the head of another group (SQS
-// hands out nothing of a group with a message in flight).
+// The first ReceiveMessage call asks for up to 10 (with OldestFirst, for
+// 10, see fit); a group's messages in it come consecutively, as a chain.
+// When it returns all it asked for and more were asked for (up to
+// receiveFanout*10, without OldestFirst), the rest is asked for at once by
+// further calls without wait, 10 each: SQS hands out nothing of a group
+// with a message in flight, so their groups are not the first call's (a
+// group's chain is never split), and one Receive is not bound to one
+// round trip per 10 messages.
+// Under Ordered the subscriber holds a chain whose member failed in
+// process (Capabilities.HoldChains), so the chain's later messages are not
+// put back unrun, which would count as an attempt wherever they are
+// received next (see attempt).
 func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
-	maxMessages = min(max(maxMessages, 1), MaxBatchMessages)
-	heads := s.ordering == policy.Ordered && !s.oldestFirst
+	maxMessages = min(max(maxMessages, 1), s.maxBatch())
+	first := min(maxMessages, MaxBatchMessages)
 	for {
 		if s.isClosed() {
 			return nil, errClosed
@@ -159,12 +164,9 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 		}
 		// OldestFirst asks for a full batch: SQS does not hand out groups
 		// oldest first, so Receive chooses the oldest heads itself (see fit).
-		ask := maxMessages
-		switch {
-		case s.oldestFirst:
+		ask := first
+		if s.oldestFirst {
 			ask = MaxBatchMessages
-		case heads:
-			ask = 1
 		}
 		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
 		if err != nil {
@@ -173,8 +175,8 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 			}
 			return nil, err
 		}
-		if heads && len(raw) > 0 && maxMessages > 1 {
-			raw = append(raw, s.moreHeads(ctx, maxMessages-1)...)
+		if len(raw) == first && maxMessages > first {
+			raw = append(raw, s.receiveMore(ctx, maxMessages-first)...)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
@@ -191,16 +193,30 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 	}
 }
 
-// moreHeads receives up to n more messages, one per call, n calls at once,
-// without waiting. A failing call is logged; the messages of the others are
-// returned.
-func (s *subscriptionDriver) moreHeads(ctx context.Context, n int) []types.Message {
+// receiveFanout is how many ReceiveMessage calls one Receive may make at
+// once (Capabilities.MaxBatch is receiveFanout*10), without OldestFirst.
+const receiveFanout = 4
+
+// maxBatch is the most messages one Receive returns.
+func (s *subscriptionDriver) maxBatch() int {
+	if s.oldestFirst {
+		return MaxBatchMessages
+	}
+	return receiveFanout * MaxBatchMessages
+}
+
+// receiveMore receives up to n more messages without waiting, in calls of
+// up to 10 made at once. A failing call is logged (what SQS chose for it,
+// if anything, comes back after the visibility timeout); the messages of
+// the others are returned.
+func (s *subscriptionDriver) receiveMore(ctx context.Context, n int) []types.Message {
 	var mu sync.Mutex
 	var out []types.Message
 	var wg sync.WaitGroup
-	for range n {
+	for ; n > 0; n -= MaxBatchMessages {
+		ask := min(n, MaxBatchMessages)
 		wg.Go(func() {
-			raw, err := s.receiveRaw(ctx, s.queueURL, 1, 0, s.lease)
+			raw, err := s.receiveRaw(ctx, s.queueURL, ask, 0, s.lease)
 			if err != nil {
 				s.log.Warn("keyorder sqs: receive failed; the other calls' messages are returned", "queue", s.queueURL, "err", err)
 				return
@@ -296,8 +312,10 @@ func (s *subscriptionDriver) putBack(ms []*adapters.Message, why string) {
 	}
 }
 
-// groupOrder makes each group's messages consecutive (stable, groups in
-// order of first appearance).
+// groupOrder makes each group's messages consecutive (groups in order of
+// first appearance), each group's in SequenceNumber order (one call returns
+// them so; the calls of one Receive never share a group, but should they,
+// the group still comes in order).
 func groupOrder(ms []*adapters.Message) []*adapters.Message {
 	first := map[string]int{}
 	for i, m := range ms {
@@ -306,7 +324,10 @@ func groupOrder(ms []*adapters.Message) []*adapters.Message {
 		}
 	}
 	slices.SortStableFunc(ms, func(a, b *adapters.Message) int {
-		return cmp.Compare(first[groupOf(a)], first[groupOf(b)])
+		if c := cmp.Compare(first[groupOf(a)], first[groupOf(b)]); c != 0 {
+			return c
+		}
+		return compareSeq(a.AckID.(*delivery).seq, b.AckID.(*delivery).seq)
 	})
 	return ms
 }
@@ -898,9 +919,15 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 	return n, err
 }
 
-// Capabilities describes the subscription: SQS holds groups natively.
+// Capabilities describes the subscription: SQS holds groups natively, and
+// under Ordered a chain whose member failed is held in process
+// (HoldChains), since SQS counts every receive: a chain's later messages
+// put back unrun would count as an attempt in the next process.
 func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{Ordering: s.ordering, NativeHold: true, LeaseDuration: s.lease, MaxBatch: MaxBatchMessages}
+	return adapters.Capabilities{
+		Ordering: s.ordering, NativeHold: true, HoldChains: s.ordering == policy.Ordered,
+		LeaseDuration: s.lease, MaxBatch: s.maxBatch(),
+	}
 }
 
 // IsRetryable reports whether err is transient.

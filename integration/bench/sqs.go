@@ -63,9 +63,9 @@ func sqsBackend(context.Context) (*backend, error) {
 		title: "SQS FIFO (ElasticMQ)",
 		note: fmt.Sprintf("Raw: aws-sdk-go-v2, payloads base64-encoded as keyorder sends a binary payload, SendMessageBatch of up to 10 messages of one group per call from %d goroutines (each owning a share of the groups), "+
 			"%d goroutines calling ReceiveMessage (10, long poll 1s) and DeleteMessageBatch. "+
-			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines. The consumer receives group heads only, one per ReceiveMessage call "+
-			"(the default, safe with any number of consuming processes); the OldestFirst row receives up to 10 per call, chains of a group included "+
-			"(one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, sqsSenders),
+			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines. The consumer receives up to 10 per ReceiveMessage call, chains of a group included, "+
+			"and holds a chain whose member failed in process (the default, safe with any number of consuming processes); the OldestFirst row "+
+			"also asks for 10 and hands out the oldest group heads first, putting back the surplus (one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, sqsSenders),
 		systems: append([]system{{name: "raw aws-sdk-go-v2", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id) }}},
 			append(koSystems(factory(opts), t), oldestFirstSystems(factory, opts, t)...)...),
@@ -74,10 +74,10 @@ func sqsBackend(context.Context) (*backend, error) {
 }
 
 // oldestFirstSystems returns keyorder PublishAsync with the consumer in
-// Options.OldestFirst mode: each ReceiveMessage asks for 10, so a group's
-// consecutive messages arrive as one chain (the default Ordered consumer
-// receives group heads only, one per call; see the sqs package
-// documentation for what OldestFirst costs).
+// Options.OldestFirst mode: each ReceiveMessage asks for 10 and the oldest
+// group heads go first (the default asks for what the subscriber asks, up
+// to 10, and takes SQS's choice; see the sqs package documentation for
+// what OldestFirst costs).
 func oldestFirstSystems(factory func(*sqs.Options) koFactory, opts *sqs.Options, t koTuning) []system {
 	o := *opts
 	o.OldestFirst = true
