@@ -227,6 +227,10 @@ type Pool[T any] struct {
 	// of a batch without taking the lane's lock.
 	stopping atomic.Bool
 
+	// inline counts the handlers running in callers' goroutines
+	// (SubmitOrRun); Close waits for them as for the workers.
+	inline sync.WaitGroup
+
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -251,8 +255,11 @@ type lane[T any] struct {
 	q      *groupq.Queue[T]
 	staged fifo[T]
 	single bool // one worker (ByKey, or Shared with one worker)
-	fair   bool // q serves fairness keys round robin; staged is moved in whole
-	direct int  // single: items of the worker's batch running (0 or 1)
+	// workers is the lane's number of workers: the bound on the items in
+	// flight in q, those run by callers (SubmitOrRun) included.
+	workers int
+	fair    bool // q serves fairness keys round robin; staged is moved in whole
+	direct  int  // single: items of the worker's batch running (0 or 1)
 	// held counts the items of the worker's batch not yet started (single
 	// lanes). The worker lowers it as it starts each one, without the lock.
 	held   atomic.Int64
@@ -297,7 +304,7 @@ func New[T any](cfg *Config, h Handler[T]) (*Pool[T], error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for i := range p.lanes {
-		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, space: make(chan struct{}, 1)}
+		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, workers: perLane, space: make(chan struct{}, 1)}
 		if c.Fair {
 			l.q, l.fair = groupq.NewFair[T](c.Ordering, c.FairWeight), true
 		}
@@ -376,6 +383,91 @@ func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed boo
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+// SubmitOrRun is Submit, except that an item that can start at once runs
+// in the calling goroutine: SubmitOrRun then calls the handler itself and
+// returns after it (ran reports true), saving the hand-off to a worker and
+// back. It can start at once when nothing its lane holds could start
+// instead (every waiting item waits for its key or its time), fewer items
+// are in flight than the lane has workers (the caller takes a worker's
+// place, so Config.Workers still bounds the handlers running at once), and
+// its key does not hold it (under Exclusive and Ordered an item of the key
+// in flight; under Ordered one waiting for a retry).
+// Otherwise (and always in a pool with Config.Fair) the item is queued
+// exactly as Submit queues it (ran is false) and a worker runs it in its
+// turn. Either way the item takes its place in
+// its key's order as of the call, as with Submit: an item of the key
+// submitted later never runs before it.
+//
+// The handler gets the pool's context, as on a worker. If it returns
+// RetryAt or WaitAt, the item goes back to its lane as it would from a
+// worker, and a worker runs it again. SubmitOrRun returns
+// keyorder.ErrClosed once Close has started; Close waits for the handlers
+// running in callers' goroutines too.
+func (p *Pool[T]) SubmitOrRun(ctx context.Context, key string, keyed bool, v T) (ran bool, err error) {
+	if !keyed {
+		key = ""
+	}
+	l := p.laneFor(key, keyed)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false, keyorder.ErrClosed
+	}
+	// groupq needs the time only for parked or delayed items.
+	var now time.Time
+	if _, ok := l.q.NextWake(); ok {
+		now = time.Now()
+	}
+	if l.fair || l.staged.len() > 0 || l.held.Load() > 0 || l.direct > 0 ||
+		l.q.InFlight() >= l.workers || (l.q.Len() > 0 && l.q.Deliverable(now)) {
+		l.mu.Unlock()
+		return false, p.Submit(ctx, key, keyed, time.Time{}, v)
+	}
+	// Nothing staged and nothing in q deliverable (what q holds waits for
+	// its key or its time): pushed, the item is the only candidate, and
+	// Pop hands it out unless its key holds it (an item of the key in
+	// flight, or, under Ordered, parked).
+	l.q.Push(groupq.Item[T]{Key: key, Keyed: keyed, Value: v})
+	h, ok := l.q.Pop(now)
+	if !ok {
+		// It waits in q behind its key; whoever settles the key's item
+		// in flight wakes a worker for it (see runInline and work).
+		l.mu.Unlock()
+		return false, nil
+	}
+	p.inline.Add(1)
+	l.mu.Unlock()
+	settled := false
+	defer func() {
+		if !settled {
+			// The handler panicked (which a Handler must not do) and the
+			// caller may recover: do not leave the key held for ever.
+			l.settleInline(h, Done())
+		}
+		p.inline.Done()
+	}()
+	r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+	settled = true
+	l.settleInline(h, r)
+	return true, nil
+}
+
+// settleInline records the result of an item a caller ran (SubmitOrRun).
+func (l *lane[T]) settleInline(h groupq.Handle[T], r Result) {
+	l.mu.Lock()
+	l.settle(h, r)
+	if l.idle > 0 {
+		// Done or Retry can make one item deliverable, a worker may have
+		// waited for this caller's place, and delayed items need the
+		// timer.
+		l.arm()
+		if l.waiting() > 0 {
+			l.ready.Signal()
+		}
+	}
+	l.mu.Unlock()
 }
 
 // waitSpace waits, with l.mu held, until l has room or is closed. It returns
@@ -531,6 +623,13 @@ func (p *Pool[T]) work(l *lane[T]) {
 // held. It returns false once the lane is closed.
 func (l *lane[T]) next() (groupq.Handle[T], bool) {
 	for !l.closed {
+		// Items run by callers (SubmitOrRun) take workers' places.
+		if l.q.InFlight() >= l.workers {
+			l.idle++
+			l.ready.Wait()
+			l.idle--
+			continue
+		}
 		if h, ok, timed := l.take(); ok {
 			if l.waiters.Load() > 0 {
 				l.notifySpace()
@@ -571,7 +670,9 @@ func (p *Pool[T]) workSingle(l *lane[T]) {
 	for !l.closed {
 		// A fair lane never takes the fast path: it would serve staged
 		// items by arrival.
-		if l.fair || l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
+		// Nor while a caller runs an item (SubmitOrRun): it is in flight
+		// in q, and might share a key with the staged items.
+		if l.fair || l.q.Len() > 0 || l.q.InFlight() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
 			h, ok := l.next()
 			if !ok {
 				break
@@ -660,11 +761,17 @@ func (p *Pool[T]) Close(ctx context.Context) (leftover []T, err error) {
 	}
 	close(p.closing)
 
+	stopped := make(chan struct{})
+	go func() {
+		<-p.stopped
+		p.inline.Wait()
+		close(stopped)
+	}()
 	select {
-	case <-p.stopped:
+	case <-stopped:
 	case <-ctx.Done():
 		p.cancel()
-		<-p.stopped
+		<-stopped
 		err = ctx.Err()
 	}
 	p.cancel()

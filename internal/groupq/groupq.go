@@ -381,6 +381,16 @@ func (q *Queue[T]) advance(now time.Time) {
 	}
 }
 
+// Deliverable reports whether Pop at time now would hand out an item. A
+// non-fair queue only: it is false for a fair one.
+func (q *Queue[T]) Deliverable(now time.Time) bool {
+	if q.fair {
+		return false
+	}
+	q.advance(now)
+	return len(q.ready.s) > 0 || len(q.free.s) > 0
+}
+
 // Pop hands out the oldest deliverable item at time now.
 func (q *Queue[T]) Pop(now time.Time) (Handle[T], bool) {
 	q.advance(now)
