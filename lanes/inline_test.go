@@ -359,3 +359,39 @@ func stressInline(t *testing.T, a Assignment, o policy.Ordering, seed uint64) {
 		t.Errorf("leftover %v", left)
 	}
 }
+
+// TestSubmitOrRunSteadyStateAllocs: running items in the caller allocates
+// nothing in the steady state, as Submit does not.
+func TestSubmitOrRunSteadyStateAllocs(t *testing.T) {
+	for _, a := range []Assignment{ByKey, Shared} {
+		t.Run(a.String(), func(t *testing.T) {
+			p := mustNew(t, &Config{Workers: 2, Assign: a, Ordering: policy.Ordered},
+				func(ctx context.Context, key string, keyed bool, v int) Result { return Done() })
+			defer closePool(t, p)
+			keys := make([]string, 100)
+			for i := range keys {
+				keys[i] = fmt.Sprint("key", i)
+			}
+			ctx := context.Background()
+			inline := 0
+			round := func() {
+				for i := range 1000 {
+					ran, err := p.SubmitOrRun(ctx, keys[i%len(keys)], true, i)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ran {
+						inline++
+					}
+				}
+			}
+			round()
+			if inline != 1000 {
+				t.Fatalf("%d of 1000 items run in the caller, want all: nothing else was running", inline)
+			}
+			if n := testing.AllocsPerRun(20, round); n > 5 {
+				t.Errorf("%.0f allocations per 1000 items", n)
+			}
+		})
+	}
+}

@@ -56,6 +56,15 @@
 // plus its in-flight items. Steady-state operation does not allocate: there is
 // one context per pool, no goroutine and no closure per item.
 //
+// # Running in the caller
+//
+// SubmitOrRun is Submit for a caller that would wait for its item anyway
+// (a middleware whose goroutine must return the handler's result): an item
+// that can start at once runs in the calling goroutine, in a worker's
+// place, without the hand-off to a worker and back; any other item is
+// queued as Submit queues it. The key rules and the Workers bound are the
+// same either way.
+//
 // # Shutdown
 //
 // Close stops admission, lets running handlers finish (cancelling their
