@@ -47,6 +47,11 @@ type MiddlewareConfig struct {
 // order the scheduler runs them; messages of a key that a subscriber emits
 // only after the previous one is acked (Kafka partitions, gochannel, keyorder)
 // keep their order exactly.
+//
+// A message whose key is free, while fewer than Workers handlers run, runs
+// in the router's own handler goroutine (lanes.Pool.SubmitOrRun); one that
+// waits behind its key, or for a worker, and every in-place retry, runs on
+// one of the middleware's workers while the router's goroutine waits.
 type Middleware struct {
 	cfg      MiddlewareConfig
 	ordering policy.Ordering
