@@ -419,64 +419,135 @@ func (p *Pool[T]) SubmitOrRun(ctx context.Context, key string, keyed bool, v T) 
 		key = ""
 	}
 	l := p.laneFor(key, keyed)
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return false, keyorder.ErrClosed
+	// The caller's goroutine is often a fresh one, with the smallest
+	// stack: the handle lives in this frame, and the rarer work is done in
+	// calls of their own, so that the handler starts without growing it.
+	h := groupq.Handle[T]{Item: groupq.Item[T]{Key: key, Keyed: keyed, Value: v}}
+	if s := l.startInline(&h, &p.inline); s != inlineStarted {
+		return p.notInline(ctx, s, &h.Item)
 	}
+	settled := false
+	defer p.endInline(l, &h, &settled)
+	r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+	l.settleInline(&h, r)
+	settled = true
+	return true, nil
+}
+
+// endInline ends a SubmitOrRun that ran its item. If the handler panicked
+// (which a Handler must not do) and the caller may recover, it settles the
+// item as done rather than leave its key held for ever.
+func (p *Pool[T]) endInline(l *lane[T], h *groupq.Handle[T], settled *bool) {
+	if !*settled {
+		l.settleInline(h, Done())
+	}
+	p.inline.Done()
+}
+
+// notInline finishes a SubmitOrRun whose item startInline did not start.
+//
+//go:noinline
+func (p *Pool[T]) notInline(ctx context.Context, s inlineStart, it *groupq.Item[T]) (bool, error) {
+	switch s {
+	case inlineClosed:
+		return false, keyorder.ErrClosed
+	case inlineQueued:
+		return false, nil
+	}
+	return false, p.Submit(ctx, it.Key, it.Keyed, time.Time{}, it.Value)
+}
+
+// inlineStart is what startInline did with an item.
+type inlineStart int
+
+const (
+	inlineStarted inlineStart = iota // handed out in h: the caller runs it
+	inlineQueued                     // waiting in q behind its key
+	inlineNot                        // not started: Submit it
+	inlineClosed                     // the pool is closing
+)
+
+// startInline hands h.Item out, to be run by the caller, if it can start
+// at once (see SubmitOrRun), counting it in running; if its key holds it,
+// it queues it in q behind the key.
+func (l *lane[T]) startInline(h *groupq.Handle[T], running *sync.WaitGroup) inlineStart {
+	l.mu.Lock()
+	s := inlineNot
+	switch {
+	case l.closed:
+		s = inlineClosed
+	case l.fair || l.staged.len() > 0 || l.held.Load() > 0 || l.direct > 0 || l.q.InFlight() >= l.workers:
+	case l.q.Len() > 0 && l.othersDeliverable():
+	case l.q.Start(h):
+		running.Add(1) // under l.mu, before Close can see the lane closed
+		s = inlineStarted
+	default:
+		// Its key holds it (an item of the key in flight or, under
+		// Ordered, parked): it waits in q, and whoever settles the key's
+		// item wakes a worker for it (see settleInline and work).
+		l.pushItem(&h.Item)
+		s = inlineQueued
+	}
+	l.mu.Unlock()
+	return s
+}
+
+// othersDeliverable reports, with l.mu held, whether an item waiting in q
+// could start now; then an item that SubmitOrRun is given must not go
+// first.
+//
+//go:noinline
+func (l *lane[T]) othersDeliverable() bool {
 	// groupq needs the time only for parked or delayed items.
 	var now time.Time
 	if _, ok := l.q.NextWake(); ok {
 		now = time.Now()
 	}
-	if l.fair || l.staged.len() > 0 || l.held.Load() > 0 || l.direct > 0 ||
-		l.q.InFlight() >= l.workers || (l.q.Len() > 0 && l.q.Deliverable(now)) {
-		l.mu.Unlock()
-		return false, p.Submit(ctx, key, keyed, time.Time{}, v)
-	}
-	// Nothing staged and nothing in q deliverable (what q holds waits for
-	// its key or its time): pushed, the item is the only candidate, and
-	// Pop hands it out unless its key holds it (an item of the key in
-	// flight, or, under Ordered, parked).
-	l.q.Push(groupq.Item[T]{Key: key, Keyed: keyed, Value: v})
-	h, ok := l.q.Pop(now)
-	if !ok {
-		// It waits in q behind its key; whoever settles the key's item
-		// in flight wakes a worker for it (see runInline and work).
-		l.mu.Unlock()
-		return false, nil
-	}
-	p.inline.Add(1)
-	l.mu.Unlock()
-	settled := false
-	defer func() {
-		if !settled {
-			// The handler panicked (which a Handler must not do) and the
-			// caller may recover: do not leave the key held for ever.
-			l.settleInline(h, Done())
-		}
-		p.inline.Done()
-	}()
-	r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
-	settled = true
-	l.settleInline(h, r)
-	return true, nil
+	return l.q.Deliverable(now)
 }
 
+// pushItem queues *it in q, with l.mu held.
+//
+//go:noinline
+func (l *lane[T]) pushItem(it *groupq.Item[T]) { l.q.Push(*it) }
+
 // settleInline records the result of an item a caller ran (SubmitOrRun).
-func (l *lane[T]) settleInline(h groupq.Handle[T], r Result) {
+// The common case (done, nothing else waiting) stays in small frames.
+func (l *lane[T]) settleInline(h *groupq.Handle[T], r Result) {
 	l.mu.Lock()
-	l.settle(h, r)
-	if l.idle > 0 {
-		// Done or Retry can make one item deliverable, a worker may have
-		// waited for this caller's place, and delayed items need the
-		// timer.
-		l.arm()
-		if l.waiting() > 0 {
-			l.ready.Signal()
+	if r.retry {
+		l.settleInlineSlow(h, r)
+	} else {
+		l.q.Finish(h)
+		if l.idle > 0 && l.waiting() > 0 {
+			l.wakeIdle()
 		}
 	}
 	l.mu.Unlock()
+}
+
+// settleInlineSlow settles a retried item, with l.mu held.
+//
+//go:noinline
+func (l *lane[T]) settleInlineSlow(h *groupq.Handle[T], r Result) {
+	l.settle(*h, r)
+	if l.idle > 0 {
+		l.wakeIdle()
+	}
+}
+
+// wakeIdle wakes an idle worker after an item a caller ran was settled,
+// with l.mu held: Done or Retry can make one item deliverable, a worker
+// may have waited for this caller's place, and delayed items (a retried
+// one; a key's next item with a not-before time) need the timer. With
+// nothing waiting there is nothing to do.
+//
+//go:noinline
+func (l *lane[T]) wakeIdle() {
+	l.arm()
+	if l.waiting() > 0 {
+		l.ready.Signal()
+	}
 }
 
 // waitSpace waits, with l.mu held, until l has room or is closed. It returns

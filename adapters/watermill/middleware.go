@@ -141,9 +141,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// back; otherwise a worker runs it in the key's turn. Either way
 		// run signals done.
 		if _, err := m.pool.SubmitOrRun(msg.Context(), key, key != "", j); err != nil {
-			j.h, j.msg = nil, nil
-			m.jobs.Put(j)
-			return nil, fmt.Errorf("keyorder middleware: %w", err)
+			return nil, m.refused(j, err)
 		}
 		j.wait()
 		out, err := j.out, j.err
@@ -152,6 +150,13 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		m.jobs.Put(j)
 		return out, err
 	}
+}
+
+// refused puts back a job the lanes did not take, and returns the error.
+func (m *Middleware) refused(j *job, err error) error {
+	j.h, j.msg = nil, nil
+	m.jobs.Put(j)
+	return fmt.Errorf("keyorder middleware: %w", err)
 }
 
 // run is the lanes handler: it runs the wrapped handler, retries a failure
@@ -178,13 +183,21 @@ func isPermanent(err error) bool {
 }
 
 // call runs h, turning a panic into an error (a lane worker must not panic).
+// recover is called only when h did not return: on the router's goroutine
+// (see Middleware) the call alone would grow a fresh goroutine's stack.
 func call(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	returned := false
 	defer func() {
+		if returned {
+			return
+		}
 		if r := recover(); r != nil {
 			out, err = nil, &keyorder.PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return h(msg)
+	out, err = h(msg)
+	returned = true
+	return out, err
 }
 
 // Close stops the middleware's lanes: handlers running finish (until ctx
