@@ -35,8 +35,20 @@ const ReservedHeaderPrefix = "keyorder-"
 // the PostgreSQL outbox's PublishTx), so they accept and reject exactly the
 // same messages.
 func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Limits) (*Message, error) {
+	am := new(Message)
+	if err := PrepareTo(am, m, defaultKey, rejectMissing, lim); err != nil {
+		return nil, err
+	}
+	return am, nil
+}
+
+// PrepareTo is Prepare writing the driver message into dst (every field
+// overwritten) instead of allocating it, for publishing paths that allocate
+// their driver messages several at a time. On error dst holds no valid
+// message.
+func PrepareTo(dst *Message, m *keyorder.Message, defaultKey string, rejectMissing bool, lim Limits) error {
 	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
+		return fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
 	}
 	key := m.Key
 	if key == "" {
@@ -46,7 +58,7 @@ func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Lim
 		key = defaultKey
 	}
 	if key == "" && rejectMissing {
-		return nil, keyorder.ErrMissingKey
+		return keyorder.ErrMissingKey
 	}
 	var headers map[string]string
 	if len(m.Headers) > 0 {
@@ -56,14 +68,14 @@ func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Lim
 			headers = nil
 		}
 	}
-	am := &Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
-	if err := Validate(lim, am); err != nil {
-		return nil, err
+	*dst = Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
+	if err := Validate(lim, dst); err != nil {
+		return err
 	}
-	if am.ID == "" {
-		am.ID = keyorder.NewID()
+	if dst.ID == "" {
+		dst.ID = keyorder.NewID()
 	}
-	return am, nil
+	return nil
 }
 
 // Validate checks a driver message against the portable key and header rule

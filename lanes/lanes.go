@@ -56,6 +56,15 @@
 // plus its in-flight items. Steady-state operation does not allocate: there is
 // one context per pool, no goroutine and no closure per item.
 //
+// # Running in the caller
+//
+// SubmitOrRun is Submit for a caller that would wait for its item anyway
+// (a middleware whose goroutine must return the handler's result): an item
+// that can start at once runs in the calling goroutine, in a worker's
+// place, without the hand-off to a worker and back; any other item is
+// queued as Submit queues it. The key rules and the Workers bound are the
+// same either way.
+//
 // # Shutdown
 //
 // Close stops admission, lets running handlers finish (cancelling their
@@ -227,6 +236,10 @@ type Pool[T any] struct {
 	// of a batch without taking the lane's lock.
 	stopping atomic.Bool
 
+	// inline counts the handlers running in callers' goroutines
+	// (SubmitOrRun); Close waits for them as for the workers.
+	inline sync.WaitGroup
+
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -251,8 +264,11 @@ type lane[T any] struct {
 	q      *groupq.Queue[T]
 	staged fifo[T]
 	single bool // one worker (ByKey, or Shared with one worker)
-	fair   bool // q serves fairness keys round robin; staged is moved in whole
-	direct int  // single: items of the worker's batch running (0 or 1)
+	// workers is the lane's number of workers: the bound on the items in
+	// flight in q, those run by callers (SubmitOrRun) included.
+	workers int
+	fair    bool // q serves fairness keys round robin; staged is moved in whole
+	direct  int  // single: items of the worker's batch running (0 or 1)
 	// held counts the items of the worker's batch not yet started (single
 	// lanes). The worker lowers it as it starts each one, without the lock.
 	held   atomic.Int64
@@ -297,7 +313,7 @@ func New[T any](cfg *Config, h Handler[T]) (*Pool[T], error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for i := range p.lanes {
-		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, space: make(chan struct{}, 1)}
+		l := &lane[T]{q: groupq.New[T](c.Ordering), single: perLane == 1, workers: perLane, space: make(chan struct{}, 1)}
 		if c.Fair {
 			l.q, l.fair = groupq.NewFair[T](c.Ordering, c.FairWeight), true
 		}
@@ -376,6 +392,162 @@ func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed boo
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+// SubmitOrRun is Submit, except that an item that can start at once runs
+// in the calling goroutine: SubmitOrRun then calls the handler itself and
+// returns after it (ran reports true), saving the hand-off to a worker and
+// back. It can start at once when nothing its lane holds could start
+// instead (every waiting item waits for its key or its time), fewer items
+// are in flight than the lane has workers (the caller takes a worker's
+// place, so Config.Workers still bounds the handlers running at once), and
+// its key does not hold it (under Exclusive and Ordered an item of the key
+// in flight; under Ordered one waiting for a retry).
+// Otherwise (and always in a pool with Config.Fair) the item is queued
+// exactly as Submit queues it (ran is false) and a worker runs it in its
+// turn. Either way the item takes its place in
+// its key's order as of the call, as with Submit: an item of the key
+// submitted later never runs before it.
+//
+// The handler gets the pool's context, as on a worker. If it returns
+// RetryAt or WaitAt, the item goes back to its lane as it would from a
+// worker, and a worker runs it again. SubmitOrRun returns
+// keyorder.ErrClosed once Close has started; Close waits for the handlers
+// running in callers' goroutines too.
+func (p *Pool[T]) SubmitOrRun(ctx context.Context, key string, keyed bool, v T) (ran bool, err error) {
+	if !keyed {
+		key = ""
+	}
+	l := p.laneFor(key, keyed)
+	// The caller's goroutine is often a fresh one, with the smallest
+	// stack: the handle lives in this frame, and the rarer work is done in
+	// calls of their own, so that the handler starts without growing it.
+	h := groupq.Handle[T]{Item: groupq.Item[T]{Key: key, Keyed: keyed, Value: v}}
+	if s := l.startInline(&h, &p.inline); s != inlineStarted {
+		return p.notInline(ctx, s, &h.Item)
+	}
+	settled := false
+	defer p.endInline(l, &h, &settled)
+	r := p.handler(p.ctx, h.Item.Key, h.Item.Keyed, h.Item.Value)
+	l.settleInline(&h, r)
+	settled = true
+	return true, nil
+}
+
+// endInline ends a SubmitOrRun that ran its item. If the handler panicked
+// (which a Handler must not do) and the caller may recover, it settles the
+// item as done rather than leave its key held for ever.
+func (p *Pool[T]) endInline(l *lane[T], h *groupq.Handle[T], settled *bool) {
+	if !*settled {
+		l.settleInline(h, Done())
+	}
+	p.inline.Done()
+}
+
+// notInline finishes a SubmitOrRun whose item startInline did not start.
+//
+//go:noinline
+func (p *Pool[T]) notInline(ctx context.Context, s inlineStart, it *groupq.Item[T]) (bool, error) {
+	switch s {
+	case inlineClosed:
+		return false, keyorder.ErrClosed
+	case inlineQueued:
+		return false, nil
+	}
+	return false, p.Submit(ctx, it.Key, it.Keyed, time.Time{}, it.Value)
+}
+
+// inlineStart is what startInline did with an item.
+type inlineStart int
+
+const (
+	inlineStarted inlineStart = iota // handed out in h: the caller runs it
+	inlineQueued                     // waiting in q behind its key
+	inlineNot                        // not started: Submit it
+	inlineClosed                     // the pool is closing
+)
+
+// startInline hands h.Item out, to be run by the caller, if it can start
+// at once (see SubmitOrRun), counting it in running; if its key holds it,
+// it queues it in q behind the key.
+func (l *lane[T]) startInline(h *groupq.Handle[T], running *sync.WaitGroup) inlineStart {
+	l.mu.Lock()
+	s := inlineNot
+	switch {
+	case l.closed:
+		s = inlineClosed
+	case l.fair || l.staged.len() > 0 || l.held.Load() > 0 || l.direct > 0 || l.q.InFlight() >= l.workers:
+	case l.q.Len() > 0 && l.othersDeliverable():
+	case l.q.Start(h):
+		running.Add(1) // under l.mu, before Close can see the lane closed
+		s = inlineStarted
+	default:
+		// Its key holds it (an item of the key in flight or, under
+		// Ordered, parked): it waits in q, and whoever settles the key's
+		// item wakes a worker for it (see settleInline and work).
+		l.pushItem(&h.Item)
+		s = inlineQueued
+	}
+	l.mu.Unlock()
+	return s
+}
+
+// othersDeliverable reports, with l.mu held, whether an item waiting in q
+// could start now; then an item that SubmitOrRun is given must not go
+// first.
+//
+//go:noinline
+func (l *lane[T]) othersDeliverable() bool {
+	// groupq needs the time only for parked or delayed items.
+	var now time.Time
+	if _, ok := l.q.NextWake(); ok {
+		now = time.Now()
+	}
+	return l.q.Deliverable(now)
+}
+
+// pushItem queues *it in q, with l.mu held.
+//
+//go:noinline
+func (l *lane[T]) pushItem(it *groupq.Item[T]) { l.q.Push(*it) }
+
+// settleInline records the result of an item a caller ran (SubmitOrRun).
+// The common case (done, nothing else waiting) stays in small frames.
+func (l *lane[T]) settleInline(h *groupq.Handle[T], r Result) {
+	l.mu.Lock()
+	if r.retry {
+		l.settleInlineSlow(h, r)
+	} else {
+		l.q.Finish(h)
+		if l.idle > 0 && l.waiting() > 0 {
+			l.wakeIdle()
+		}
+	}
+	l.mu.Unlock()
+}
+
+// settleInlineSlow settles a retried item, with l.mu held.
+//
+//go:noinline
+func (l *lane[T]) settleInlineSlow(h *groupq.Handle[T], r Result) {
+	l.settle(*h, r)
+	if l.idle > 0 {
+		l.wakeIdle()
+	}
+}
+
+// wakeIdle wakes an idle worker after an item a caller ran was settled,
+// with l.mu held: Done or Retry can make one item deliverable, a worker
+// may have waited for this caller's place, and delayed items (a retried
+// one; a key's next item with a not-before time) need the timer. With
+// nothing waiting there is nothing to do.
+//
+//go:noinline
+func (l *lane[T]) wakeIdle() {
+	l.arm()
+	if l.waiting() > 0 {
+		l.ready.Signal()
+	}
 }
 
 // waitSpace waits, with l.mu held, until l has room or is closed. It returns
@@ -531,6 +703,13 @@ func (p *Pool[T]) work(l *lane[T]) {
 // held. It returns false once the lane is closed.
 func (l *lane[T]) next() (groupq.Handle[T], bool) {
 	for !l.closed {
+		// Items run by callers (SubmitOrRun) take workers' places.
+		if l.q.InFlight() >= l.workers {
+			l.idle++
+			l.ready.Wait()
+			l.idle--
+			continue
+		}
 		if h, ok, timed := l.take(); ok {
 			if l.waiters.Load() > 0 {
 				l.notifySpace()
@@ -571,7 +750,9 @@ func (p *Pool[T]) workSingle(l *lane[T]) {
 	for !l.closed {
 		// A fair lane never takes the fast path: it would serve staged
 		// items by arrival.
-		if l.fair || l.q.Len() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
+		// Nor while a caller runs an item (SubmitOrRun): it is in flight
+		// in q, and might share a key with the staged items.
+		if l.fair || l.q.Len() > 0 || l.q.InFlight() > 0 || l.staged.len() == 0 || !l.staged.front().At.IsZero() {
 			h, ok := l.next()
 			if !ok {
 				break
@@ -660,11 +841,17 @@ func (p *Pool[T]) Close(ctx context.Context) (leftover []T, err error) {
 	}
 	close(p.closing)
 
+	stopped := make(chan struct{})
+	go func() {
+		<-p.stopped
+		p.inline.Wait()
+		close(stopped)
+	}()
 	select {
-	case <-p.stopped:
+	case <-stopped:
 	case <-ctx.Done():
 		p.cancel()
-		<-p.stopped
+		<-stopped
 		err = ctx.Err()
 	}
 	p.cancel()

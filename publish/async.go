@@ -84,12 +84,11 @@ func (p *Publisher) PublishAsync(ctx context.Context, m *keyorder.Message) *Resu
 	if err := ctx.Err(); err != nil {
 		return r.refuse(err)
 	}
-	am, err := p.prepare(m)
-	if err != nil {
+	if err := p.prepare(&r.req, m); err != nil {
 		return r.refuse(err)
 	}
-	r.id = am.ID
-	r.req = request{m: am, size: msgSize(am), res: r}
+	r.id = r.req.m.ID
+	r.req.size, r.req.res = msgSize(r.req.m), r
 	r.one[0] = &r.req
 	p.ownPayloads(r.one[:])
 	if p.cfg.Observer != nil {

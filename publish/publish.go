@@ -240,11 +240,12 @@ type keyQueue struct {
 const spareMax = 1024
 
 type request struct {
-	m    *adapters.Message
-	size int         // counted against MaxOutstandingBytes
-	res  *Result     // set for PublishAsync
-	c    *call       // set for PublishBatch
-	end  func(error) // from Config.Observer.StartPublish
+	m    *adapters.Message // &msg
+	msg  adapters.Message  // allocated with the request
+	size int               // counted against MaxOutstandingBytes
+	res  *Result           // set for PublishAsync
+	c    *call             // set for PublishBatch
+	end  func(error)       // from Config.Observer.StartPublish
 }
 
 // call is one PublishBatch waiting for its requests.
@@ -358,13 +359,13 @@ func (p *Publisher) PublishBatch(ctx context.Context, ms []*keyorder.Message) ([
 	ids := make([]string, len(ms))
 	c := &call{left: len(ms), done: make(chan struct{})}
 	for i, m := range ms {
-		am, err := p.prepare(m)
-		if err != nil {
+		r := &reqs[i]
+		if err := p.prepare(r, m); err != nil {
 			return nil, fmt.Errorf("message %d: %w", i, err)
 		}
-		reqs[i] = request{m: am, size: msgSize(am), c: c}
-		ptrs[i] = &reqs[i]
-		ids[i] = am.ID
+		r.size, r.c = msgSize(r.m), c
+		ptrs[i] = r
+		ids[i] = r.m.ID
 	}
 	p.ownPayloads(ptrs)
 	if p.cfg.Observer != nil {
@@ -423,9 +424,10 @@ func endAll(rs []*request, err error) error {
 	return err
 }
 
-// prepare resolves the key, validates and converts m, exactly as every
-// other publishing path does (adapters.Prepare).
-func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
+// prepare resolves the key, validates and converts m into r's driver
+// message (r.m points to r.msg afterwards), exactly as every other
+// publishing path does (adapters.Prepare).
+func (p *Publisher) prepare(r *request, m *keyorder.Message) error {
 	key := p.cfg.Key
 	if p.cfg.KeyFunc != nil && m != nil && m.Key == "" && m.Headers[keyorder.HeaderPartitionKey] == "" {
 		k, err := p.cfg.KeyFunc(m)
@@ -435,12 +437,13 @@ func (p *Publisher) prepare(m *keyorder.Message) (*adapters.Message, error) {
 		case errors.Is(err, keyorder.ErrMissingKey) && p.cfg.MissingKey != policy.Reject:
 			key = ""
 		case errors.Is(err, keyorder.ErrMissingKey):
-			return nil, err
+			return err
 		default:
-			return nil, fmt.Errorf("%w: publish.Config.KeyFunc: %w", keyorder.ErrInvalidMessage, err)
+			return fmt.Errorf("%w: publish.Config.KeyFunc: %w", keyorder.ErrInvalidMessage, err)
 		}
 	}
-	return adapters.Prepare(m, key, p.cfg.MissingKey == policy.Reject, p.limits)
+	r.m = &r.msg
+	return adapters.PrepareTo(r.m, m, key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
 // pausedLocked returns the error of the first paused key among rs; p.mu is

@@ -284,7 +284,15 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, 
 }
 
 func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Message {
+	// One allocation for the result, sized by what may be taken.
+	waiting := len(s.pending)
+	if s.q != nil {
+		waiting = s.q.Len()
+	}
 	var out []*adapters.Message
+	if n := min(max, waiting); n > 0 {
+		out = make([]*adapters.Message, 0, n)
+	}
 	if s.q != nil {
 		for len(out) < max {
 			h, ok := s.q.Pop(now)

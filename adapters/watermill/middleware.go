@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -46,6 +47,11 @@ type MiddlewareConfig struct {
 // order the scheduler runs them; messages of a key that a subscriber emits
 // only after the previous one is acked (Kafka partitions, gochannel, keyorder)
 // keep their order exactly.
+//
+// A message whose key is free, while fewer than Workers handlers run, runs
+// in the router's own handler goroutine (lanes.Pool.SubmitOrRun); one that
+// waits behind its key, or for a worker, and every in-place retry, runs on
+// one of the middleware's workers while the router's goroutine waits.
 type Middleware struct {
 	cfg      MiddlewareConfig
 	ordering policy.Ordering
@@ -63,7 +69,32 @@ type job struct {
 	attempt int
 	out     []*message.Message
 	err     error
-	done    chan struct{} // buffered (1): signalled once per use, reused
+	// state tells the caller and the goroutine that finishes the job
+	// which of them comes first (jobPending, jobFinished, jobWaited), so
+	// that a job finished before its caller waits (run in the caller's
+	// goroutine, mostly) costs no channel operation.
+	state atomic.Int32
+	done  chan struct{} // buffered (1): signalled once per waited use, reused
+}
+
+const (
+	jobPending  = iota // neither finished nor waited for
+	jobFinished        // finished before the caller waited: no signal
+	jobWaited          // the caller waits on done
+)
+
+// finish hands the job's result to its caller.
+func (j *job) finish() {
+	if !j.state.CompareAndSwap(jobPending, jobFinished) {
+		j.done <- struct{}{}
+	}
+}
+
+// wait waits until the job is finished.
+func (j *job) wait() {
+	if j.state.CompareAndSwap(jobPending, jobWaited) {
+		<-j.done
+	}
 }
 
 // NewMiddleware returns a Middleware with the per-key policy ordering:
@@ -105,17 +136,27 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		j := m.jobs.Get().(*job)
 		j.h, j.msg, j.attempt = h, msg, 1
-		if err := m.pool.Submit(msg.Context(), key, key != "", time.Time{}, j); err != nil {
-			j.h, j.msg = nil, nil
-			m.jobs.Put(j)
-			return nil, fmt.Errorf("keyorder middleware: %w", err)
+		// The handler runs in this goroutine when the key is free and a
+		// worker's place is, without the hand-off to a lane worker and
+		// back; otherwise a worker runs it in the key's turn. Either way
+		// run signals done.
+		if _, err := m.pool.SubmitOrRun(msg.Context(), key, key != "", j); err != nil {
+			return nil, m.refused(j, err)
 		}
-		<-j.done
+		j.wait()
 		out, err := j.out, j.err
-		*j = job{done: j.done}
+		j.h, j.msg, j.out, j.err, j.attempt = nil, nil, nil, nil, 0
+		j.state.Store(jobPending)
 		m.jobs.Put(j)
 		return out, err
 	}
+}
+
+// refused puts back a job the lanes did not take, and returns the error.
+func (m *Middleware) refused(j *job, err error) error {
+	j.h, j.msg = nil, nil
+	m.jobs.Put(j)
+	return fmt.Errorf("keyorder middleware: %w", err)
 }
 
 // run is the lanes handler: it runs the wrapped handler, retries a failure
@@ -132,7 +173,7 @@ func (m *Middleware) run(ctx context.Context, key string, keyed bool, j *job) la
 		j.attempt++
 		return lanes.RetryAt(time.Now().Add(delay))
 	}
-	j.done <- struct{}{}
+	j.finish()
 	return lanes.Done()
 }
 
@@ -142,13 +183,21 @@ func isPermanent(err error) bool {
 }
 
 // call runs h, turning a panic into an error (a lane worker must not panic).
+// recover is called only when h did not return: on the router's goroutine
+// (see Middleware) the call alone would grow a fresh goroutine's stack.
 func call(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	returned := false
 	defer func() {
+		if returned {
+			return
+		}
 		if r := recover(); r != nil {
 			out, err = nil, &keyorder.PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return h(msg)
+	out, err = h(msg)
+	returned = true
+	return out, err
 }
 
 // Close stops the middleware's lanes: handlers running finish (until ctx
@@ -158,7 +207,7 @@ func (m *Middleware) Close(ctx context.Context) error {
 	left, err := m.pool.Close(ctx)
 	for _, j := range left {
 		j.err = fmt.Errorf("keyorder middleware: %w", keyorder.ErrClosed)
-		j.done <- struct{}{}
+		j.finish()
 	}
 	return err
 }

@@ -327,12 +327,7 @@ func (q *Queue[T]) settle(ks *keyState[T], now time.Time) {
 	if ks.inflight > 0 || ks.len() == 0 {
 		ks.unready()
 		if ks.inflight == 0 && ks.len() == 0 && ks.timedAt.IsZero() {
-			delete(q.keys, ks.key)
-			ks.gen++
-			ks.key = ""
-			ks.pending = ks.pending[:0]
-			ks.head = 0
-			q.spare = append(q.spare, ks)
+			q.forget(ks)
 		}
 		return
 	}
@@ -379,6 +374,43 @@ func (q *Queue[T]) advance(now time.Time) {
 		}
 		q.settle(e.ks, now)
 	}
+}
+
+// Start hands out h.Item at once without queueing it, as Push followed by
+// Pop would if nothing else were deliverable, filling in the rest of h.
+// It is false, and the queue unchanged, when the item's group holds it (an
+// item of the group in flight or waiting), when it has a not-before time
+// (At), and in a fair queue: Push it then. Start does not look at other
+// groups: a caller that keeps arrival order across groups checks
+// Deliverable first. (The item is passed in h, not by value, to keep the
+// caller's stack small.)
+func (q *Queue[T]) Start(h *Handle[T]) bool {
+	if q.fair || !h.Item.At.IsZero() {
+		return false
+	}
+	h.ks, h.gen = nil, 0
+	if q.grouped(&h.Item) {
+		if ks := q.keys[h.Item.Key]; ks != nil && (ks.inflight > 0 || ks.len() > 0) {
+			return false
+		}
+		ks := q.keyState(h.Item.Key)
+		ks.inflight++
+		h.ks, h.gen = ks, ks.gen
+	}
+	q.seq++
+	h.Item.Seq = q.seq
+	q.inflight++
+	return true
+}
+
+// Deliverable reports whether Pop at time now would hand out an item. A
+// non-fair queue only: it is false for a fair one.
+func (q *Queue[T]) Deliverable(now time.Time) bool {
+	if q.fair {
+		return false
+	}
+	q.advance(now)
+	return len(q.ready.s) > 0 || len(q.free.s) > 0
 }
 
 // Pop hands out the oldest deliverable item at time now.
@@ -460,12 +492,34 @@ func (q *Queue[T]) PopNext(h Handle[T], now time.Time) (Handle[T], bool) {
 }
 
 // Done settles a handed-out item as finished; its group moves on.
-func (q *Queue[T]) Done(h Handle[T]) {
+func (q *Queue[T]) Done(h Handle[T]) { q.Finish(&h) }
+
+// Finish is Done for a handle passed by pointer. The common case (the
+// group has nothing else) runs in a small frame, for callers that run on
+// a small stack (see Start).
+func (q *Queue[T]) Finish(h *Handle[T]) {
 	q.inflight--
-	if h.ks != nil {
-		h.ks.inflight--
-		q.settle(h.ks, time.Time{})
+	ks := h.ks
+	if ks == nil {
+		return
 	}
+	ks.inflight--
+	if ks.inflight == 0 && ks.len() == 0 && ks.timedAt.IsZero() && ks.readyIdx < 0 {
+		q.forget(ks)
+		return
+	}
+	q.settle(ks, time.Time{})
+}
+
+// forget removes an idle group (nothing in flight, waiting or timed) and
+// keeps its state for reuse.
+func (q *Queue[T]) forget(ks *keyState[T]) {
+	delete(q.keys, ks.key)
+	ks.gen++
+	ks.key = ""
+	ks.pending = ks.pending[:0]
+	ks.head = 0
+	q.spare = append(q.spare, ks)
 }
 
 // Retry puts a handed-out item back, not deliverable before at. Under Ordered

@@ -271,6 +271,39 @@ func TestAgainstReference(t *testing.T) {
 					}
 					want.state = 1
 					handles[want] = h
+				case op == 7 && rng.IntN(2) == 0:
+					// Start, as lanes.SubmitOrRun uses it: only when
+					// nothing else is deliverable (Deliverable must agree
+					// with the reference), and the item is pushed when it
+					// cannot start.
+					other := ref.pop(now)
+					if d := q.Deliverable(now); d != (other != nil) {
+						t.Fatalf("seed %d step %d: Deliverable = %v, reference has %v", seed, step, d, other)
+					}
+					if other != nil {
+						continue
+					}
+					it := &refItem{name: fmt.Sprint("s", step), seq: step + 1}
+					if rng.IntN(5) > 0 {
+						it.key = fmt.Sprint("k", rng.IntN(8))
+					}
+					ref.items = append(ref.items, it)
+					want := ref.deliverable(it, now)
+					qi := Item[*refItem]{Key: it.key, Keyed: it.key != "", Value: it}
+					h := Handle[*refItem]{Item: qi}
+					ok := q.Start(&h)
+					if ok != want {
+						t.Fatalf("seed %d step %d: Start(%s, key %q) = %v, reference says %v", seed, step, it.name, it.key, ok, want)
+					}
+					if !ok {
+						q.Push(qi)
+						continue
+					}
+					if h.Item.Value != it {
+						t.Fatalf("seed %d step %d: Start handed out %v, want %v", seed, step, h.Item.Value, it)
+					}
+					it.state = 1
+					handles[it] = h
 				case op < 9 && len(handles) > 0:
 					for it, h := range handles {
 						delete(handles, it)
