@@ -24,7 +24,6 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -564,16 +563,7 @@ func fairChart(o fairOptions, res []fairResult, path string) error {
 // fairnessMain runs -backend fairness. With $KEYORDER_BENCH_CPUPROFILE it
 // writes a CPU profile of the whole run there.
 func fairnessMain(ctx context.Context, o fairOptions) {
-	if path := os.Getenv("KEYORDER_BENCH_CPUPROFILE"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
+	defer startCPUProfile()()
 	if err := fairnessBench(ctx, o, os.Stdout); err != nil {
 		log.Fatalf("bench: fairness: %v", err)
 	}

@@ -167,17 +167,7 @@ func main() {
 	if which == "all" {
 		names = backends
 	}
-	if path := os.Getenv("KEYORDER_BENCH_CPUPROFILE"); path != "" {
-		// A CPU profile of the whole run (as -backend fairness takes it).
-		f, err := os.Create(path)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
+	defer startCPUProfile()()
 	failed := false
 	for _, name := range names {
 		if _, err := runBackend(ctx, name, o, os.Stdout); err != nil {
@@ -287,4 +277,21 @@ func env(name, backend string) (string, error) {
 		return "", fmt.Errorf("%s is not set: run under `go run ./integration/cmd/testenv run --only %s -- ...`", name, backend)
 	}
 	return v, nil
+}
+
+// startCPUProfile starts a CPU profile of the whole run when
+// $KEYORDER_BENCH_CPUPROFILE names a file, and returns what stops it.
+func startCPUProfile() (stop func()) {
+	path := os.Getenv("KEYORDER_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Fatal(err)
+	}
+	return pprof.StopCPUProfile
 }
