@@ -29,7 +29,7 @@
 // valid UTF-8 without NUL and do not start with "keyorder-" (reserved for
 // drivers' attributes); header values are valid UTF-8 without NUL and may
 // be empty. Payloads are any bytes. A backend may narrow the rule with
-// stated limits (adapters.Limits), never widen it, and never changes a byte
+// stated limits (driver.Limits), never widen it, and never changes a byte
 // of what it accepted. A message that breaks the rule or a limit fails
 // with a *LimitError and pauses nothing.
 //

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -73,10 +73,10 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	check("Publish no key", err, keyorder.ErrMissingKey, keyorder.CodeInvalidArgument)
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "too-long", Payload: []byte("x")})
 	check("Publish key too long", err, keyorder.ErrInvalidMessage, keyorder.CodeInvalidArgument)
-	b.FailSends("t", func([]*adapters.Message) error { return errors.New("boom") })
+	b.FailSends("t", func([]*driver.Message) error { return errors.New("boom") })
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
 	check("Publish broker failure", err, keyorder.ErrBackend, keyorder.CodeUnknown)
-	b.FailSends("t", func([]*adapters.Message) error { return memory.ErrTransient })
+	b.FailSends("t", func([]*driver.Message) error { return memory.ErrTransient })
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	check("Publish transient failure", err, keyorder.ErrUnavailable, keyorder.CodeUnavailable)
 	b.FailSends("t", nil)
@@ -103,7 +103,7 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	}
 	err = sub.Run(ctx, nil)
 	check("Run nil handler", err, keyorder.ErrInvalidConfig, keyorder.CodeInvalidArgument)
-	sub2, err := subscribe.New(struct{ adapters.Subscription }{drv}, &subscribe.Config{Logger: quiet})
+	sub2, err := subscribe.New(struct{ driver.Subscription }{drv}, &subscribe.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

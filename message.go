@@ -59,7 +59,7 @@ type Delivery struct {
 	// delivered on, as the application gave it (the subscription ID, the
 	// SQS queue name, ...): never a URL, so no secret of a URL reaches a
 	// handler or its logs. It is empty when the driver does not know it
-	// (a driver without adapters.Namer).
+	// (a driver without driver.Namer).
 	Subscription string
 }
 

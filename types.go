@@ -2,7 +2,7 @@ package keyorder
 
 // This file: the portable descriptions of a backend that publish and
 // subscribe hand to applications (limits, capabilities, dead letters,
-// counts). The adapters package aliases them for drivers, so an application
+// counts). The driver package aliases them for drivers, so an application
 // never imports adapters.
 
 import (

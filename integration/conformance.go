@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
@@ -371,7 +371,7 @@ func deadLetterThenContinue(f *fixture) {
 	if err != nil || len(dl) != 1 || dl[0].Attempts != 3 || !strings.Contains(dl[0].Reason, "attempt 3 failed") {
 		f.t.Fatalf("dead letters = %+v, %v; want a1 with 3 attempts and the last error", dl, err)
 	}
-	// A limit of 0 lists them all (adapters.DeadLetterStore), on every backend.
+	// A limit of 0 lists them all (driver.DeadLetterStore), on every backend.
 	if all, err := r.sub.DeadLetters(f.ctx, 0); err != nil || len(all) != 1 || all[0].Message.ID != dl[0].Message.ID {
 		f.t.Fatalf("DeadLetters(ctx, 0) = %+v, %v; want every dead letter (a1)", all, err)
 	}
@@ -495,9 +495,9 @@ func lostConsumer(f *fixture) {
 
 // started tells a driver that counts only started messages that the
 // handlers of ms start, as subscribe would tell it before running them.
-func (f *fixture) started(d adapters.Subscription, ms []*adapters.Message) {
+func (f *fixture) started(d driver.Subscription, ms []*driver.Message) {
 	f.t.Helper()
-	if r, ok := d.(adapters.StartRecorder); ok {
+	if r, ok := d.(driver.StartRecorder); ok {
 		if err := r.Started(f.ctx, ms); err != nil {
 			f.t.Fatalf("Started: %v", err)
 		}
@@ -509,7 +509,7 @@ func (f *fixture) started(d adapters.Subscription, ms []*adapters.Message) {
 // process starts a1 and dies without settling anything, so its leases
 // expire. Only a1 may have been running (under Ordered nothing behind it
 // runs before it is done), so only a1 comes back with an attempt counted;
-// a2 and a3 never ran and come back at attempt 1 (adapters.Message.Attempt).
+// a2 and a3 never ran and come back at attempt 1 (driver.Message.Attempt).
 // Counted for every member, a few crashes would dead-letter messages that
 // never ran.
 func crashHoldingChain(f *fixture) {
@@ -517,8 +517,8 @@ func crashHoldingChain(f *fixture) {
 	f.publish(p, "a1:A", "a2:A", "a3:A")
 	crashed := f.consumer()
 	var held []string
-	var first *adapters.Message
-	copies := map[string]any{} // adapters.Message.Copy of what the crashed consumer held
+	var first *driver.Message
+	copies := map[string]any{} // driver.Message.Copy of what the crashed consumer held
 	for len(held) < 3 {
 		// What arrives within a short wait after the first receive is
 		// part of the same hand-out (a streaming backend delivers a key's
@@ -543,7 +543,7 @@ func crashHoldingChain(f *fixture) {
 			copies[string(m.Payload)] = m.Copy
 		}
 	}
-	f.started(crashed, []*adapters.Message{first}) // its process starts a1
+	f.started(crashed, []*driver.Message{first}) // its process starts a1
 	if !slices.Equal(held, []string{"a1", "a2", "a3"}[:len(held)]) {
 		f.t.Fatalf("crashed consumer received %v, want a prefix of a1 a2 a3", held)
 	}
@@ -557,7 +557,7 @@ func crashHoldingChain(f *fixture) {
 	for name, c := range copies {
 		if again := next.first(name); c != nil && again != c {
 			f.t.Errorf("%s redelivered with Copy %v, delivered to the crashed consumer with %v: "+
-				"adapters.Message.Copy must be equal on every delivery of one copy", name, again, c)
+				"driver.Message.Copy must be equal on every delivery of one copy", name, again, c)
 		}
 	}
 	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a1", "a2", "a3"}) {
@@ -1007,7 +1007,7 @@ func exactBytesAndKnowableLimits(f *fixture) {
 		// payloads (SQS: base64) may refuse it: then it must be a
 		// LimitError before sending, like the rest.
 		payload := slices.Repeat([]byte{0xff}, lim.MaxPayloadBytes)
-		if adapters.Validate(lim, &adapters.Message{Key: "K", Payload: payload}) != nil {
+		if driver.Validate(lim, &driver.Message{Key: "K", Payload: payload}) != nil {
 			bads = append(bads, bad{"binary payload over the encoded size", &keyorder.Message{Payload: payload}})
 		}
 	}

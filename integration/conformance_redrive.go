@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -19,7 +19,7 @@ import (
 // message unrun, in case the call had not taken effect. The message is a
 // dead letter, though, and comes back only redriven: redriven by another
 // process (as `keyorder dead redrive` does), it is a new copy
-// (adapters.Message.Copy) with a fresh attempt count, and it runs.
+// (driver.Message.Copy) with a fresh attempt count, and it runs.
 func redriveAfterDeadLetterError(f *fixture) {
 	p := f.publisher(nil)
 	f.publish(p, "c1:C", "c2:C")
@@ -33,7 +33,7 @@ func redriveAfterDeadLetterError(f *fixture) {
 	// pushes messages to its consumers (Pulsar) it would otherwise be
 	// handed the redriven c1 and hold it.
 	other := f.consumer()
-	store, ok := other.(adapters.DeadLetterStore)
+	store, ok := other.(driver.DeadLetterStore)
 	if !ok {
 		other.Close()
 		f.t.Skipf("group order checked; the backend keeps no dead letters it can redrive")
@@ -59,13 +59,13 @@ func redriveAfterDeadLetterError(f *fixture) {
 	first := drv.dead
 	drv.mu.Unlock()
 	if again := drv.Subscription.(*copyLog).last("c1"); first != nil && again == first {
-		f.t.Errorf("redriven c1 delivered with the Copy of the dead-lettered one (%v): adapters.Message.Copy must "+
+		f.t.Errorf("redriven c1 delivered with the Copy of the dead-lettered one (%v): driver.Message.Copy must "+
 			"tell a redriven message from a redelivery", first)
 	}
 	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 	defer cancel()
 	last := f.consumer()
-	dl, err = last.(adapters.DeadLetterStore).DeadLetters(ctx, 10)
+	dl, err = last.(driver.DeadLetterStore).DeadLetters(ctx, 10)
 	last.Close()
 	if err != nil || len(dl) != 0 {
 		f.t.Fatalf("dead letters after the redrive = %+v, %v; want none", dl, err)
@@ -80,14 +80,14 @@ var errAnswerLost = errors.New("injected: the dead letter was stored; the broker
 // acted and its answer was lost on the way back. It is fault injection at
 // the driver boundary, not a fake broker.
 type deadLetterAnswerLost struct {
-	adapters.Subscription
+	driver.Subscription
 	failed atomic.Bool
 	mu     sync.Mutex
 	dead   any // the Copy of the message of the call that failed
 }
 
 // DeadLetter dead-letters m, and reports the first call failed.
-func (d *deadLetterAnswerLost) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (d *deadLetterAnswerLost) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	if err := d.Subscription.DeadLetter(ctx, m, reason, attempts); err != nil {
 		return err
 	}
@@ -106,16 +106,16 @@ func (d *deadLetterAnswerLost) IsRetryable(err error) bool {
 	return !errors.Is(err, errAnswerLost) && d.Subscription.IsRetryable(err)
 }
 
-// copyLog wraps a driver to record the adapters.Message.Copy of each
+// copyLog wraps a driver to record the driver.Message.Copy of each
 // delivery, by payload.
 type copyLog struct {
-	adapters.Subscription
+	driver.Subscription
 	mu     sync.Mutex
 	copies map[string][]any
 }
 
 // Receive receives and records.
-func (c *copyLog) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+func (c *copyLog) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	ms, err := c.Subscription.Receive(ctx, max)
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -68,7 +68,7 @@ func (f *fixture) publish(p *publish.Publisher, specs ...string) {
 	}
 }
 
-func (f *fixture) consumer() adapters.Subscription {
+func (f *fixture) consumer() driver.Subscription {
 	f.t.Helper()
 	d, err := f.pair.OpenConsumer(f.ctx)
 	if err != nil {
@@ -91,7 +91,7 @@ func (f *fixture) subscribe(cfg *subscribe.Config, h subscribe.HandlerFunc) *run
 	return f.subscribeOn(f.consumer(), cfg, h)
 }
 
-func (f *fixture) subscribeOn(drv adapters.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *running {
+func (f *fixture) subscribeOn(drv driver.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *running {
 	f.t.Helper()
 	if cfg == nil {
 		cfg = &subscribe.Config{}
@@ -328,13 +328,13 @@ func (g *gate) tryRelease(name string, err error, timeout time.Duration) error {
 // failingTopic wraps a driver to fail sends on demand (publish failure
 // cases); it is fault injection at the driver boundary, not a fake broker.
 type failingTopic struct {
-	adapters.Topic
+	driver.Topic
 	mu   sync.Mutex
-	fail func(ms []*adapters.Message) error
+	fail func(ms []*driver.Message) error
 }
 
 // SendBatch fails when the hook says so, else sends.
-func (ft *failingTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (ft *failingTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	ft.mu.Lock()
 	fail := ft.fail
 	ft.mu.Unlock()
@@ -351,7 +351,7 @@ func (ft *failingTopic) IsRetryable(error) bool { return false }
 
 // failKey makes sends of key's batches fail with err.
 func (ft *failingTopic) failKey(key string, err error) {
-	ft.setFail(func(ms []*adapters.Message) error {
+	ft.setFail(func(ms []*driver.Message) error {
 		if ms[0].Key == key {
 			return err
 		}
@@ -360,14 +360,14 @@ func (ft *failingTopic) failKey(key string, err error) {
 }
 
 // setFail sets the failure hook (nil: no failures).
-func (ft *failingTopic) setFail(fn func(ms []*adapters.Message) error) {
+func (ft *failingTopic) setFail(fn func(ms []*driver.Message) error) {
 	ft.mu.Lock()
 	ft.fail = fn
 	ft.mu.Unlock()
 }
 
 // keepOpen leaves closing the harness's topic driver to the harness.
-type keepOpen struct{ adapters.Topic }
+type keepOpen struct{ driver.Topic }
 
 // Close leaves the driver open.
 func (keepOpen) Close() error { return nil }

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -37,10 +37,10 @@ type Spec struct {
 // Pair is a fresh topic with one subscription on it.
 type Pair struct {
 	// Topic publishes to the topic.
-	Topic adapters.Topic
+	Topic driver.Topic
 	// OpenConsumer opens a new consumer of the subscription, as a separate
 	// process would; each call returns a separate driver.
-	OpenConsumer func(ctx context.Context) (adapters.Subscription, error)
+	OpenConsumer func(ctx context.Context) (driver.Subscription, error)
 }
 
 // Capabilities declare how a backend runs the suite.

@@ -49,7 +49,7 @@ type Spec struct {
 	// without a handling that says so: the subscriber dead-letters a
 	// message whose attempts were used up by lost leases without calling
 	// the handler. Read them from the driver's dead-letter store
-	// (adapters.DeadLetterStore). They count as resolved.
+	// (driver.DeadLetterStore). They count as resolved.
 	DeadLettered []string
 	// Unfinished skips RuleResolved, for a run stopped before every message
 	// could be handled.

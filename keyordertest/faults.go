@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -102,7 +102,7 @@ func FailPublishes(b *memory.Broker, topic string, faults ...PublishFault) (stop
 	var mu sync.Mutex
 	calls := 0
 	hits := make([]int, len(faults))
-	b.FailSends(topic, func(ms []*adapters.Message) error {
+	b.FailSends(topic, func(ms []*driver.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++

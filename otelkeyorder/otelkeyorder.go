@@ -202,7 +202,7 @@ func New(cfg *Config) (*Telemetry, error) {
 }
 
 // System returns the messaging.system value for a URL scheme or a
-// backend name (adapters.Limits.Backend): the semantic conventions' names
+// backend name (driver.Limits.Backend): the semantic conventions' names
 // where they have one (gcp_pubsub, aws_sqs, pulsar), else the backend's.
 func System(backend string) string {
 	switch backend {

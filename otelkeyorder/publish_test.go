@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/otelkeyorder"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -18,11 +18,11 @@ type refusingTopic struct{}
 
 var errRefused = errors.New("refused")
 
-func (refusingTopic) SendBatch(context.Context, []*adapters.Message) error { return errRefused }
-func (refusingTopic) Limits() adapters.Limits                              { return adapters.Limits{Backend: "test"} }
-func (refusingTopic) IsRetryable(error) bool                               { return false }
-func (refusingTopic) ErrorCode(error) keyorder.ErrorCode                   { return keyorder.CodeUnknown }
-func (refusingTopic) Close() error                                         { return nil }
+func (refusingTopic) SendBatch(context.Context, []*driver.Message) error { return errRefused }
+func (refusingTopic) Limits() driver.Limits                              { return driver.Limits{Backend: "test"} }
+func (refusingTopic) IsRetryable(error) bool                             { return false }
+func (refusingTopic) ErrorCode(error) keyorder.ErrorCode                 { return keyorder.CodeUnknown }
+func (refusingTopic) Close() error                                       { return nil }
 
 // TestPublishFailure: a failed publish ends its span with an error, counts
 // in keyorder.published with error.type, and its paused key shows in

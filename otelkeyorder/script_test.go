@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/otelkeyorder"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -113,7 +113,7 @@ type scriptResult struct {
 // then succeeds (one retry), m2 fails permanently (one dead letter), m3
 // succeeds. It returns when the subscriber has shut down. wait bounds the
 // wait for m3 (on real servers).
-func runScript(t *testing.T, k *kit, system string, pdrv adapters.Topic, sdrv adapters.Subscription, wait func(done <-chan struct{})) scriptResult {
+func runScript(t *testing.T, k *kit, system string, pdrv driver.Topic, sdrv driver.Subscription, wait func(done <-chan struct{})) scriptResult {
 	t.Helper()
 	ctx := context.Background()
 	pub, err := publish.New(pdrv, &publish.Config{Observer: k.tel.Publisher(system, "t")})

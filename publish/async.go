@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // Result is the outcome of one PublishAsync, in the shape of the Pub/Sub
@@ -117,7 +117,7 @@ type waiter struct {
 }
 
 // msgSize is what a message counts against MaxOutstandingBytes.
-func msgSize(m *adapters.Message) int {
+func msgSize(m *driver.Message) int {
 	n := len(m.Payload) + len(m.Key) + len(m.ID)
 	for k, v := range m.Headers {
 		n += len(k) + len(v)
@@ -242,7 +242,7 @@ func (p *Publisher) failWaitingLocked(key string, err error) {
 // retained: a publish may return (PublishAsync at once, Publish and
 // PublishBatch when their context ends) while its messages wait to be sent,
 // and the caller may then reuse its buffers. Each copy's capacity is its
-// length, so the copies do not overlap. (adapters.Prepare already copied
+// length, so the copies do not overlap. (driver.Prepare already copied
 // the headers map.) Small buffers are cut from chunks shared by the
 // publisher's messages (see payloadChunk).
 func (p *Publisher) ownPayloads(rs []*request) {

@@ -11,8 +11,8 @@ import (
 	"testing/synctest"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -25,11 +25,11 @@ type step struct {
 
 // stepTopic hands every SendBatch to the test and does what it answers.
 type stepTopic struct {
-	adapters.Topic
+	driver.Topic
 	steps chan step
 }
 
-func (s *stepTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (s *stepTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	st := step{payloads: payloads(ms), reply: make(chan error)}
 	s.steps <- st
 	select {

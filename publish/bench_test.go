@@ -8,18 +8,18 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 )
 
 // latencyTopic adds a broker round trip to every SendBatch.
 type latencyTopic struct {
-	adapters.Topic
+	driver.Topic
 	rtt time.Duration
 }
 
-func (l latencyTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (l latencyTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	time.Sleep(l.rtt)
 	return l.Topic.SendBatch(ctx, ms)
 }
@@ -44,7 +44,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	for _, rtt := range []time.Duration{0, time.Millisecond} {
 		open := func(b *testing.B) *publish.Publisher {
-			var drv adapters.Topic = memory.NewBroker().TopicDriver("t")
+			var drv driver.Topic = memory.NewBroker().TopicDriver("t")
 			if rtt > 0 {
 				drv = latencyTopic{drv, rtt}
 			}

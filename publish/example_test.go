@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory" // registers mem://
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -78,7 +78,7 @@ func ExamplePublisher_Resume() {
 
 	// Simulate a broker that refuses what is sent while outage is set.
 	var outage atomic.Bool
-	memory.DefaultBroker().FailSends("example.paused", func([]*adapters.Message) error {
+	memory.DefaultBroker().FailSends("example.paused", func([]*driver.Message) error {
 		if outage.Load() {
 			return errors.New("broker unavailable")
 		}

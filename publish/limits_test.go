@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -21,9 +21,9 @@ import (
 // SendBatch what it cannot store: NUL or invalid UTF-8 in a header (as
 // PostgreSQL's jsonb does) and a header named "huge" (a backend rule it
 // declares in Limits.Check, like SQS's encoded size).
-type strictTopic struct{ adapters.Topic }
+type strictTopic struct{ driver.Topic }
 
-func (s strictTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (s strictTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	for _, m := range ms {
 		for k, v := range m.Headers {
 			if strings.ContainsRune(v, 0) || k == "huge" {
@@ -34,7 +34,7 @@ func (s strictTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 	return s.Topic.SendBatch(ctx, ms)
 }
 
-func (s strictTopic) Limits() adapters.Limits {
+func (s strictTopic) Limits() driver.Limits {
 	l := s.Topic.Limits()
 	l.Check = func(m *keyorder.Message) error {
 		if _, ok := m.Headers["huge"]; ok {

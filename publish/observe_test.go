@@ -8,16 +8,16 @@ import (
 	"testing"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
 
 // oneHeaderTopic is a memory topic whose backend allows one header.
-type oneHeaderTopic struct{ adapters.Topic }
+type oneHeaderTopic struct{ driver.Topic }
 
-func (o oneHeaderTopic) Limits() adapters.Limits {
+func (o oneHeaderTopic) Limits() driver.Limits {
 	l := o.Topic.Limits()
 	l.MaxHeaders = 1
 	return l

@@ -65,7 +65,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -189,9 +190,9 @@ func (c *Config) validate() error {
 
 // Publisher publishes messages to one topic. It is safe for concurrent use.
 type Publisher struct {
-	drv    adapters.Topic
+	drv    driver.Topic
 	cfg    *Config
-	limits adapters.Limits
+	limits driver.Limits
 
 	mu      sync.Mutex
 	closed  bool
@@ -229,8 +230,8 @@ type keyQueue struct {
 	key     string
 	send    func()
 	pending []*request
-	batch   []*request          // the batch in flight
-	ms      []*adapters.Message // its messages, for the driver
+	batch   []*request        // the batch in flight
+	ms      []*driver.Message // its messages, for the driver
 	// full is signalled (under Publisher.mu) when pending reaches
 	// MaxBatch while the sender lingers; nil otherwise.
 	full chan struct{}
@@ -240,12 +241,12 @@ type keyQueue struct {
 const spareMax = 1024
 
 type request struct {
-	m    *adapters.Message // &msg
-	msg  adapters.Message  // allocated with the request
-	size int               // counted against MaxOutstandingBytes
-	res  *Result           // set for PublishAsync
-	c    *call             // set for PublishBatch
-	end  func(error)       // from Config.Observer.StartPublish
+	m    *driver.Message // &msg
+	msg  driver.Message  // allocated with the request
+	size int             // counted against MaxOutstandingBytes
+	res  *Result         // set for PublishAsync
+	c    *call           // set for PublishBatch
+	end  func(error)     // from Config.Observer.StartPublish
 }
 
 // call is one PublishBatch waiting for its requests.
@@ -279,9 +280,9 @@ func (r *request) finish(err error) {
 }
 
 // Open opens a Publisher for the topic named by urlstr, through the scheme
-// registered on adapters.DefaultMux (import the adapter for side effects).
+// registered on driver.DefaultMux (import the adapter for side effects).
 func Open(ctx context.Context, urlstr string, cfg *Config) (*Publisher, error) {
-	drv, err := adapters.DefaultMux().OpenTopic(ctx, urlstr)
+	drv, err := driver.DefaultMux().OpenTopic(ctx, urlstr)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +295,7 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Publisher, error) {
 }
 
 // New returns a Publisher over a driver.
-func New(drv adapters.Topic, cfg *Config) (*Publisher, error) {
+func New(drv driver.Topic, cfg *Config) (*Publisher, error) {
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -401,7 +402,7 @@ func (p *Publisher) observe(ctx context.Context, rs []*request) error {
 		r.m.Headers = km.Headers
 	}
 	for i, r := range rs {
-		if err := adapters.Validate(p.limits, r.m); err != nil {
+		if err := driver.Validate(p.limits, r.m); err != nil {
 			err = fmt.Errorf("with the headers added by publish.Config.Observer: %w", err)
 			if len(rs) > 1 {
 				err = fmt.Errorf("message %d: %w", i, err)
@@ -426,7 +427,7 @@ func endAll(rs []*request, err error) error {
 
 // prepare resolves the key, validates and converts m into r's driver
 // message (r.m points to r.msg afterwards), exactly as every other
-// publishing path does (adapters.Prepare).
+// publishing path does (driver.Prepare).
 func (p *Publisher) prepare(r *request, m *keyorder.Message) error {
 	key := p.cfg.Key
 	if p.cfg.KeyFunc != nil && m != nil && m.Key == "" && m.Headers[keyorder.HeaderPartitionKey] == "" {
@@ -443,7 +444,7 @@ func (p *Publisher) prepare(r *request, m *keyorder.Message) error {
 		}
 	}
 	r.m = &r.msg
-	return adapters.PrepareTo(r.m, m, key, p.cfg.MissingKey == policy.Reject, p.limits)
+	return driverkit.PrepareTo(r.m, m, key, p.cfg.MissingKey == policy.Reject, p.limits)
 }
 
 // pausedLocked returns the error of the first paused key among rs; p.mu is
@@ -624,7 +625,7 @@ func (p *Publisher) fitBytes(rs []*request) int {
 
 func (p *Publisher) sendKeyless(rs []*request) {
 	defer p.senders.Done()
-	var buf []*adapters.Message
+	var buf []*driver.Message
 	for len(rs) > 0 {
 		n := p.fitBytes(rs[:min(len(rs), p.cfg.MaxBatch)])
 		err := p.send(rs[:n], &buf)
@@ -642,7 +643,7 @@ func (p *Publisher) sendKeyless(rs []*request) {
 
 // send calls the driver, retrying transient errors. It builds the driver's
 // slice in *buf, which it reuses.
-func (p *Publisher) send(batch []*request, buf *[]*adapters.Message) error {
+func (p *Publisher) send(batch []*request, buf *[]*driver.Message) error {
 	ms := (*buf)[:0]
 	for _, r := range batch {
 		ms = append(ms, r.m)

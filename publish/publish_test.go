@@ -15,8 +15,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -39,7 +39,7 @@ func setup(t *testing.T, cfg *publish.Config) (*memory.Broker, *publish.Publishe
 	return b, p, s
 }
 
-func receiveAll(t *testing.T, s *memory.Subscription) []*adapters.Message {
+func receiveAll(t *testing.T, s *memory.Subscription) []*driver.Message {
 	t.Helper()
 	ms, err := s.Receive(context.Background(), 1000)
 	if err != nil {
@@ -94,7 +94,7 @@ func TestKeyResolution(t *testing.T) {
 
 // orderTopic checks one batch in flight per key and records what was sent.
 type orderTopic struct {
-	adapters.Topic
+	driver.Topic
 	mu       sync.Mutex
 	inflight map[string]int
 	bad      atomic.Bool
@@ -102,7 +102,7 @@ type orderTopic struct {
 	sent     map[string][]string
 }
 
-func (o *orderTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (o *orderTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	key := ms[0].Key
 	o.mu.Lock()
 	o.inflight[key]++
@@ -185,7 +185,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 	boom := errors.New("broker down")
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	b.FailSends("t", func(ms []*adapters.Message) error {
+	b.FailSends("t", func(ms []*driver.Message) error {
 		if ms[0].Key != "bad" {
 			return nil
 		}
@@ -238,7 +238,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 func TestTransientErrorsAreRetried(t *testing.T) {
 	b, p, s := setup(t, &publish.Config{Backoff: policy.Retry{MinBackoff: 1, MaxBackoff: 1}})
 	var calls atomic.Int32
-	b.FailSends("t", func(ms []*adapters.Message) error {
+	b.FailSends("t", func(ms []*driver.Message) error {
 		if calls.Add(1) <= 2 {
 			return fmt.Errorf("flaky: %w", memory.ErrTransient)
 		}
@@ -250,7 +250,7 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 	if got := receiveAll(t, s); len(got) != 1 {
 		t.Fatalf("delivered %d copies", len(got))
 	}
-	b.FailSends("t", func(ms []*adapters.Message) error { return fmt.Errorf("still flaky: %w", memory.ErrTransient) })
+	b.FailSends("t", func(ms []*driver.Message) error { return fmt.Errorf("still flaky: %w", memory.ErrTransient) })
 	_, err := p.Publish(context.Background(), &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	var ke *keyorder.Error
 	if !errors.As(err, &ke) || ke.Code != keyorder.CodeUnavailable || ke.Op != "publish" {

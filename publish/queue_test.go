@@ -9,19 +9,19 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 )
 
 // gatedTopic holds every SendBatch until the test lets it through.
 type gatedTopic struct {
-	adapters.Topic
+	driver.Topic
 	entered chan string
 	release chan struct{}
 }
 
-func (g *gatedTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (g *gatedTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	g.entered <- string(ms[0].Payload)
 	select {
 	case <-g.release:
@@ -31,7 +31,7 @@ func (g *gatedTopic) SendBatch(ctx context.Context, ms []*adapters.Message) erro
 	return g.Topic.SendBatch(ctx, ms)
 }
 
-func payloads(ms []*adapters.Message) []string {
+func payloads(ms []*driver.Message) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, string(m.Payload))

@@ -9,20 +9,20 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 )
 
 // countTopic counts the batches sent per key, each taking a round trip.
 type countTopic struct {
-	adapters.Topic
+	driver.Topic
 	rtt     time.Duration
 	mu      sync.Mutex
 	batches map[string]int
 }
 
-func (c *countTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (c *countTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	c.mu.Lock()
 	c.batches[ms[0].Key]++
 	c.mu.Unlock()

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -303,7 +303,7 @@ func TestBatchErrorMalformed(t *testing.T) {
 // losingLease withholds the lease extensions of one message for a while,
 // so that its lease (only) is lost.
 type losingLease struct {
-	adapters.Subscription
+	driver.Subscription
 	mu    sync.Mutex
 	id    string
 	until time.Time
@@ -315,12 +315,12 @@ func (s *losingLease) lose(id string, d time.Duration) {
 	s.mu.Unlock()
 }
 
-func (s *losingLease) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *losingLease) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	s.mu.Lock()
 	id, stalled := s.id, time.Now().Before(s.until)
 	s.mu.Unlock()
 	if stalled {
-		ms = slices.DeleteFunc(slices.Clone(ms), func(m *adapters.Message) bool { return m.ID == id })
+		ms = slices.DeleteFunc(slices.Clone(ms), func(m *driver.Message) bool { return m.ID == id })
 	}
 	return s.Subscription.ExtendLeases(ctx, ms)
 }

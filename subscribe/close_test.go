@@ -9,15 +9,15 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
 // closeCounter counts the driver's Close calls.
 type closeCounter struct {
-	adapters.Subscription
+	driver.Subscription
 	closes atomic.Int32
 }
 

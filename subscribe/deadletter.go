@@ -7,20 +7,20 @@ import (
 	"fmt"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // DeadLetters lists up to limit of the subscription's dead letters, oldest
 // first (limit <= 0 lists them all), if the backend keeps them where they can
 // be listed; else it fails with keyorder.ErrUnsupported.
 func (s *Subscriber) DeadLetters(ctx context.Context, limit int) ([]keyorder.DeadLetter, error) {
-	st, ok := s.drv.(adapters.DeadLetterStore)
+	st, ok := s.drv.(driver.DeadLetterStore)
 	if !ok {
 		return nil, fmt.Errorf("dead letters: %w", keyorder.ErrUnsupported)
 	}
 	dls, err := st.DeadLetters(ctx, limit)
 	if err != nil {
-		return nil, adapters.WrapError("dead letters", err, s.drv.ErrorCode)
+		return nil, driver.WrapError("dead letters", err, s.drv.ErrorCode)
 	}
 	out := make([]keyorder.DeadLetter, len(dls))
 	for i, dl := range dls {
@@ -35,7 +35,7 @@ func (s *Subscriber) DeadLetters(ctx context.Context, limit int) ([]keyorder.Dea
 // keyorder.ErrUnsupported where the backend keeps no dead letters it can
 // redrive.
 func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
-	st, ok := s.drv.(adapters.DeadLetterStore)
+	st, ok := s.drv.(driver.DeadLetterStore)
 	if !ok {
 		return 0, fmt.Errorf("redrive: %w", keyorder.ErrUnsupported)
 	}
@@ -47,7 +47,7 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 			s.undead.remove(id)
 		}
 	}
-	return n, adapters.WrapError("redrive", err, s.drv.ErrorCode)
+	return n, driver.WrapError("redrive", err, s.drv.ErrorCode)
 }
 
 // undeadNote returns the note a DeadLetter call left for m (see
@@ -58,14 +58,14 @@ func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 // its answer was lost). Then the message comes back only redriven, by this
 // Subscriber's Redrive or by another process's (`keyorder dead redrive`):
 // a new copy with a fresh attempt count, which must run. So a note applies
-// to the copy it was made on (adapters.Message.Copy), not to the message ID.
+// to the copy it was made on (driver.Message.Copy), not to the message ID.
 // Where the driver names no copies, it applies to a delivery whose attempt
 // is higher than the one the call was made on: the lost lease of a message
 // that ran counts an attempt, and a redrive starts the count afresh. (A
 // broker that counts no attempts then never dead-letters a redelivery
 // again: the message runs again, at least once, rather than a redriven
 // message never running.)
-func (s *Subscriber) undeadNote(m *adapters.Message) (deadNote, bool) {
+func (s *Subscriber) undeadNote(m *driver.Message) (deadNote, bool) {
 	dn, ok := s.undead.get(m.ID)
 	if !ok {
 		return dn, false
@@ -76,7 +76,7 @@ func (s *Subscriber) undeadNote(m *adapters.Message) (deadNote, bool) {
 	return dn, m.Attempt > dn.attempt
 }
 
-// sameCopy reports whether two adapters.Message.Copy values are equal;
+// sameCopy reports whether two driver.Message.Copy values are equal;
 // values that == cannot compare (a driver breaking the contract) differ.
 func sameCopy(a, b any) (same bool) {
 	defer func() {

@@ -7,7 +7,7 @@ import (
 	"errors"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // MessageFunc reads a string from a message: a fairness key
@@ -26,7 +26,7 @@ func OrderingKey(m *keyorder.Message) string { return m.Key }
 
 // view is the message as the functions of Config see it: the delivered
 // message, its headers not copied (they must not be modified).
-func view(m *adapters.Message) keyorder.Message {
+func view(m *driver.Message) keyorder.Message {
 	return keyorder.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
 }
 

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -117,7 +117,7 @@ func TestDelayedKeyDoesNotStarveOtherKeys(t *testing.T) {
 // leaseSkipper does not extend the lease of one message for a while, as
 // when one renewal fails or comes too late, while the others are renewed.
 type leaseSkipper struct {
-	adapters.Subscription
+	driver.Subscription
 	mu    sync.Mutex
 	id    string
 	until time.Time
@@ -129,12 +129,12 @@ func (s *leaseSkipper) skip(id string, d time.Duration) {
 	s.mu.Unlock()
 }
 
-func (s *leaseSkipper) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *leaseSkipper) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	s.mu.Lock()
 	id, skipping := s.id, time.Now().Before(s.until)
 	s.mu.Unlock()
 	if skipping {
-		ms = slices.DeleteFunc(slices.Clone(ms), func(m *adapters.Message) bool { return m.ID == id })
+		ms = slices.DeleteFunc(slices.Clone(ms), func(m *driver.Message) bool { return m.ID == id })
 	}
 	return s.Subscription.ExtendLeases(ctx, ms)
 }
@@ -201,10 +201,10 @@ func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 // slowExtend takes a while to renew leases, during which a handler may
 // finish and its message be acknowledged.
 type slowExtend struct {
-	adapters.Subscription
+	driver.Subscription
 }
 
-func (s slowExtend) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s slowExtend) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	time.Sleep(time.Second)
 	return s.Subscription.ExtendLeases(ctx, ms)
 }
@@ -302,11 +302,11 @@ func TestKeptDeliveryIsNotReused(t *testing.T) {
 // errWithMessages returns its first receive's messages together with a
 // transient error.
 type errWithMessages struct {
-	adapters.Subscription
+	driver.Subscription
 	once sync.Once
 }
 
-func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*adapters.Message, error) {
+func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	ms, err := e.Subscription.Receive(ctx, n)
 	failed := false
 	e.once.Do(func() { failed = true })
@@ -344,13 +344,13 @@ func TestReceiveErrorWithMessagesLeaksNothing(t *testing.T) {
 // both set a message's visibility, whether a renewal reached the broker
 // after the message had been nacked (which would undo the nack's delay).
 type visibilityDriver struct {
-	adapters.Subscription
+	driver.Subscription
 	mu     sync.Mutex
 	nacked map[string]bool
 	undone []string
 }
 
-func (v *visibilityDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (v *visibilityDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	time.Sleep(time.Second) // on its way to the broker
 	v.mu.Lock()
 	for _, m := range ms {
@@ -362,7 +362,7 @@ func (v *visibilityDriver) ExtendLeases(ctx context.Context, ms []*adapters.Mess
 	return v.Subscription.ExtendLeases(ctx, ms)
 }
 
-func (v *visibilityDriver) Nack(ctx context.Context, m *adapters.Message, d time.Duration) error {
+func (v *visibilityDriver) Nack(ctx context.Context, m *driver.Message, d time.Duration) error {
 	v.mu.Lock()
 	v.nacked[m.ID] = true
 	v.mu.Unlock()
@@ -398,10 +398,10 @@ func TestNoLeaseRenewalAfterNack(t *testing.T) {
 // slowAckReturn acknowledges at once but is slow to return, as a call
 // whose reply is delayed.
 type slowAckReturn struct {
-	adapters.Subscription
+	driver.Subscription
 }
 
-func (s slowAckReturn) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s slowAckReturn) Ack(ctx context.Context, ms []*driver.Message) error {
 	err := s.Subscription.Ack(ctx, ms)
 	time.Sleep(2 * time.Second)
 	return err

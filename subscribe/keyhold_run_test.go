@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -45,9 +45,9 @@ func TestKeyHoldsGoAfterARun(t *testing.T) {
 			})
 		}()
 		top := b.TopicDriver("t")
-		var ms []*adapters.Message
+		var ms []*driver.Message
 		for i := range 40 {
-			ms = append(ms, &adapters.Message{ID: fmt.Sprint("m", i), Key: fmt.Sprint("k", i%4)})
+			ms = append(ms, &driver.Message{ID: fmt.Sprint("m", i), Key: fmt.Sprint("k", i%4)})
 		}
 		if err := top.SendBatch(ctx, ms); err != nil {
 			t.Fatal(err)

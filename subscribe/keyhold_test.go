@@ -3,7 +3,7 @@ package subscribe
 import (
 	"testing"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // TestKeyHoldIsTheOneOwner: each key's hold owns its outstanding items and
@@ -18,7 +18,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 		tokens:      make(chan struct{}, 100),
 	}
 	add := func(id, key string) *item {
-		it := &item{m: &adapters.Message{ID: id, Key: key}, key: key, hasToken: true}
+		it := &item{m: &driver.Message{ID: id, Key: key}, key: key, hasToken: true}
 		s.tokens <- struct{}{}
 		s.mu.Lock()
 		s.addOutstanding(it)

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // keepLeases renews the leases of outstanding messages and cancels the
@@ -42,8 +42,8 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 			continue
 		}
 		round := make(chan struct{})
-		ms := make([]*adapters.Message, 0, len(s.outstanding))
-		byMsg := make(map[*adapters.Message]*item, len(s.outstanding))
+		ms := make([]*driver.Message, 0, len(s.outstanding))
+		byMsg := make(map[*driver.Message]*item, len(s.outstanding))
 		for it := range s.outstanding {
 			ms = append(ms, it.m)
 			byMsg[it.m] = it

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 )
 
@@ -40,7 +40,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		// attempts: handing it back would lose the attempts run in
 		// process, and with lane keys the member whose loss broke the
 		// chain may be in another lane.
-		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
+		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*driver.Message{m}) })
 		return lanes.Done()
 	}
 	if dn, ok := s.undeadNote(m); ok {
@@ -96,7 +96,7 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
-		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*adapters.Message{m}) })
+		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*driver.Message{m}) })
 		return lanes.Done()
 	}
 	var perm *keyorder.PermanentError

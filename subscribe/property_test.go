@@ -39,8 +39,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -217,14 +217,14 @@ func (l *propLog) finish(r *propRun, outcome string) {
 // took back (reported lost by a renewal, or proven lost by a redelivery of a
 // message still held) and can stall lease renewals so that leases run out.
 type propDriver struct {
-	adapters.Subscription
+	driver.Subscription
 	log        *propLog
 	holdChains bool // declare Capabilities.HoldChains
 	mu         sync.Mutex
 	until      time.Time
 }
 
-func (d *propDriver) Capabilities() adapters.Capabilities {
+func (d *propDriver) Capabilities() driver.Capabilities {
 	c := d.Subscription.Capabilities()
 	c.HoldChains = d.holdChains
 	return c
@@ -236,7 +236,7 @@ func (d *propDriver) stall(dur time.Duration) {
 	d.mu.Unlock()
 }
 
-func (d *propDriver) Receive(ctx context.Context, n int) ([]*adapters.Message, error) {
+func (d *propDriver) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	ms, err := d.Subscription.Receive(ctx, n)
 	l := d.log
 	l.mu.Lock()
@@ -265,7 +265,7 @@ func (d *propDriver) Receive(ctx context.Context, n int) ([]*adapters.Message, e
 // lease gone (the memory broker's only failure here): the broker took the
 // message back, as with a lost lease, and the attempt it ran may go
 // uncounted (it counts only the chain's first unsettled message).
-func (d *propDriver) settled(err error, ms ...*adapters.Message) {
+func (d *propDriver) settled(err error, ms ...*driver.Message) {
 	d.log.mu.Lock()
 	for _, m := range ms {
 		d.log.held[m.ID] = max(d.log.held[m.ID]-1, 0)
@@ -276,25 +276,25 @@ func (d *propDriver) settled(err error, ms ...*adapters.Message) {
 	d.log.mu.Unlock()
 }
 
-func (d *propDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (d *propDriver) Ack(ctx context.Context, ms []*driver.Message) error {
 	err := d.Subscription.Ack(ctx, ms)
 	d.settled(err, ms...)
 	return err
 }
 
-func (d *propDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (d *propDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	err := d.Subscription.Nack(ctx, m, delay)
 	d.settled(err, m)
 	return err
 }
 
-func (d *propDriver) Release(ctx context.Context, ms []*adapters.Message) error {
+func (d *propDriver) Release(ctx context.Context, ms []*driver.Message) error {
 	err := d.Subscription.Release(ctx, ms)
 	d.settled(err, ms...)
 	return err
 }
 
-func (d *propDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (d *propDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	err := d.Subscription.DeadLetter(ctx, m, reason, attempts)
 	d.settled(err, m)
 	if err == nil {
@@ -305,7 +305,7 @@ func (d *propDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason
 	return err
 }
 
-func (d *propDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (d *propDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	d.mu.Lock()
 	stalled := time.Now().Before(d.until)
 	d.mu.Unlock()
@@ -545,12 +545,12 @@ func runScenario(t *testing.T, sc *propScenario) {
 	fire(time.Duration(math.MaxInt64))
 	// Wait until every message is resolved, up to two hours of virtual
 	// time.
-	dead := func() map[string]adapters.DeadLetter {
-		dls, err := drv.Subscription.(adapters.DeadLetterStore).DeadLetters(context.Background(), 0)
+	dead := func() map[string]driver.DeadLetter {
+		dls, err := drv.Subscription.(driver.DeadLetterStore).DeadLetters(context.Background(), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]adapters.DeadLetter{}
+		out := map[string]driver.DeadLetter{}
 		for _, dl := range dls {
 			out[dl.Message.ID] = dl
 		}
@@ -580,7 +580,7 @@ func runScenario(t *testing.T, sc *propScenario) {
 	checkScenario(t, sc, log, dead())
 }
 
-func checkScenario(t *testing.T, sc *propScenario, log *propLog, dead map[string]adapters.DeadLetter) {
+func checkScenario(t *testing.T, sc *propScenario, log *propLog, dead map[string]driver.DeadLetter) {
 	t.Helper()
 	log.mu.Lock()
 	defer log.mu.Unlock()

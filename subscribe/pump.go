@@ -10,14 +10,14 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 )
 
 // item is one received message on its way through the lanes.
 type item struct {
-	m       *adapters.Message
+	m       *driver.Message
 	attempt int
 	chain   *chain
 	seq     uint64 // receive order
@@ -208,7 +208,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 // giveBack returns received items to the broker unhandled, without counting
 // an attempt, and forgets them.
 func (s *Subscriber) giveBack(its []*item) {
-	ms := make([]*adapters.Message, 0, len(its))
+	ms := make([]*driver.Message, 0, len(its))
 	for _, it := range its {
 		ms = append(ms, it.m)
 	}

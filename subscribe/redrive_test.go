@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -46,7 +46,7 @@ func TestRedriveRunsAfterDeadLetterErrorThatTookEffect(t *testing.T) {
 func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubscriber, copies bool) {
 	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 9 * time.Second})
 	lost := errors.New("connection reset after the request was sent")
-	net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+	net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
 		if op == memory.OpDeadLetter && n == 1 {
 			return memory.Fault{Err: lost, Applied: true} // permanent: given up at once
 		}
@@ -76,7 +76,7 @@ func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubsc
 			return nil
 		})
 	} else {
-		var drv adapters.Subscription
+		var drv driver.Subscription
 		if !copies {
 			drv = w.noCopies(t)
 		}
@@ -127,7 +127,7 @@ func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubsc
 func TestRedeliveryAfterFailedDeadLetterWithoutCopies(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+		net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
 			if op == memory.OpDeadLetter && n == 1 {
 				return memory.Fault{Err: errors.New("access denied")}
 			}
@@ -158,8 +158,8 @@ func TestRedeliveryAfterFailedDeadLetterWithoutCopies(t *testing.T) {
 }
 
 // noCopies opens a consumer whose deliveries name no copy
-// (adapters.Message.Copy nil), as a driver of a broker without one.
-func (w *world) noCopies(t *testing.T) adapters.Subscription {
+// (driver.Message.Copy nil), as a driver of a broker without one.
+func (w *world) noCopies(t *testing.T) driver.Subscription {
 	t.Helper()
 	d, err := w.b.SubscriptionDriver("s")
 	if err != nil {
@@ -170,7 +170,7 @@ func (w *world) noCopies(t *testing.T) adapters.Subscription {
 
 type copyless struct{ *memory.Subscription }
 
-func (c copyless) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+func (c copyless) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	ms, err := c.Subscription.Receive(ctx, max)
 	for _, m := range ms {
 		m.Copy = nil

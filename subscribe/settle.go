@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -28,7 +28,7 @@ const (
 func (s *Subscriber) acker(done chan<- struct{}) {
 	defer close(done)
 	batch := make([]*item, 0, ackBatchMax)
-	ms := make([]*adapters.Message, 0, ackBatchMax)
+	ms := make([]*driver.Message, 0, ackBatchMax)
 	var actx timeoutCtx
 	defer actx.stop()
 	for it := range s.acks {
@@ -78,7 +78,7 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 // with backoff, then forgets the batch's items whatever the outcome: an
 // acknowledgement that never lands leaves the messages to the broker's
 // redelivery, which the acknowledged-ID set suppresses.
-func (s *Subscriber) retryAck(batch []*item, ms []*adapters.Message, err error) {
+func (s *Subscriber) retryAck(batch []*item, ms []*driver.Message, err error) {
 	defer s.settling.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -24,14 +24,14 @@ type flaky struct {
 	mu       sync.Mutex
 	calls    map[memory.SettleOp]int
 	injected map[memory.SettleOp]int
-	rule     func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault
+	rule     func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault
 }
 
-func newFlaky(rule func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault) *flaky {
+func newFlaky(rule func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault) *flaky {
 	return &flaky{calls: map[memory.SettleOp]int{}, injected: map[memory.SettleOp]int{}, rule: rule}
 }
 
-func (f *flaky) fault(op memory.SettleOp, ms []*adapters.Message) memory.Fault {
+func (f *flaky) fault(op memory.SettleOp, ms []*driver.Message) memory.Fault {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[op]++
@@ -90,7 +90,7 @@ func TestSettlementRetriedUnderTransientFailures(t *testing.T) {
 func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	const keys, perKey = 6, 12
 	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
-	net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+	net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
 		if op == memory.OpExtendLeases {
 			if n%4 != 0 { // three in a row fail: a lease not renewed for 9s is lost
 				return memory.Fault{Err: transient(op)}
@@ -225,7 +225,7 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
 		permanentErr := errors.New("access denied")
-		net := newFlaky(func(op memory.SettleOp, n int, ms []*adapters.Message) memory.Fault {
+		net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
 			// The first Ack, Nack and DeadLetter: one transient failure,
 			// then a permanent one.
 			if (op == memory.OpAck || op == memory.OpNack || op == memory.OpDeadLetter) && n <= 2 {

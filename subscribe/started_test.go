@@ -10,21 +10,21 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// startRecorder is a driver that records starts (adapters.StartRecorder) over
+// startRecorder is a driver that records starts (driver.StartRecorder) over
 // the memory driver: the log interleaves "started" calls with handler runs.
 type startRecorder struct {
-	adapters.Subscription
+	driver.Subscription
 	mu  sync.Mutex
 	log [][]string
 }
 
-func (d *startRecorder) Started(ctx context.Context, ms []*adapters.Message) error {
+func (d *startRecorder) Started(ctx context.Context, ms []*driver.Message) error {
 	e := []string{"started"}
 	for _, m := range ms {
 		e = append(e, m.ID)

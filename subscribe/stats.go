@@ -8,7 +8,7 @@ import (
 	"fmt"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // Stats are a Subscriber's counts: what this process did since New, and,
@@ -71,13 +71,13 @@ func (s *Subscriber) Stats(ctx context.Context) (Stats, error) {
 	s.mu.Lock()
 	st.Outstanding, st.Held = len(s.outstanding), s.held
 	s.mu.Unlock()
-	r, ok := s.drv.(adapters.StatsReporter)
+	r, ok := s.drv.(driver.StatsReporter)
 	if !ok {
 		return st, nil
 	}
 	bs, err := r.BackendStats(ctx)
 	if err != nil {
-		return st, adapters.WrapError("stats", err, s.drv.ErrorCode)
+		return st, driver.WrapError("stats", err, s.drv.ErrorCode)
 	}
 	st.Backend = &bs
 	return st, nil
@@ -89,13 +89,13 @@ func (s *Subscriber) Stats(ctx context.Context) (Stats, error) {
 // backend cannot list them: SQS hides a held group's messages, and Pub/Sub
 // and Pulsar hold keys inside the consuming process.
 func (s *Subscriber) HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error) {
-	l, ok := s.drv.(adapters.HeldKeyLister)
+	l, ok := s.drv.(driver.HeldKeyLister)
 	if !ok {
 		return nil, fmt.Errorf("held keys: %w", keyorder.ErrUnsupported)
 	}
 	keys, err := l.HeldKeys(ctx, limit)
 	if err != nil {
-		return nil, adapters.WrapError("held keys", err, s.drv.ErrorCode)
+		return nil, driver.WrapError("held keys", err, s.drv.ErrorCode)
 	}
 	return keys, nil
 }

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -51,7 +51,7 @@ func (w *world) publish(t *testing.T, id, key string) {
 	}
 }
 
-func (w *world) start(t *testing.T, drv adapters.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) (*subscribe.Subscriber, func()) {
+func (w *world) start(t *testing.T, drv driver.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) (*subscribe.Subscriber, func()) {
 	t.Helper()
 	if drv == nil {
 		var err error
@@ -102,7 +102,7 @@ func TestRedeliveryOfAckedIDIsSuppressed(t *testing.T) {
 // stallingLeases withholds lease extensions for a while, as a process
 // paused by GC or cut off from its broker would.
 type stallingLeases struct {
-	adapters.Subscription
+	driver.Subscription
 	mu    sync.Mutex
 	until time.Time
 }
@@ -113,7 +113,7 @@ func (s *stallingLeases) stall(d time.Duration) {
 	s.mu.Unlock()
 }
 
-func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	s.mu.Lock()
 	stalled := time.Now().Before(s.until)
 	s.mu.Unlock()
@@ -281,9 +281,9 @@ func TestRunMisuse(t *testing.T) {
 }
 
 // greedy returns more messages than asked, breaking the driver contract.
-type greedy struct{ adapters.Subscription }
+type greedy struct{ driver.Subscription }
 
-func (g greedy) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+func (g greedy) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	return g.Subscription.Receive(ctx, max+5)
 }
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
@@ -20,7 +20,7 @@ import (
 
 // Subscriber consumes one subscription.
 type Subscriber struct {
-	drv  adapters.Subscription
+	drv  driver.Subscription
 	cfg  *Config
 	caps keyorder.Capabilities
 	name string
@@ -94,9 +94,9 @@ type counters struct {
 }
 
 // Open opens a Subscriber for the subscription named by urlstr, through the
-// scheme registered on adapters.DefaultMux.
+// scheme registered on driver.DefaultMux.
 func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) {
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, urlstr)
+	drv, err := driver.DefaultMux().OpenSubscription(ctx, urlstr)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func Open(ctx context.Context, urlstr string, cfg *Config) (*Subscriber, error) 
 }
 
 // New returns a Subscriber over a driver.
-func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
+func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -146,7 +146,7 @@ func New(drv adapters.Subscription, cfg *Config) (*Subscriber, error) {
 	s.caps.HoldChains = s.caps.HoldChains && s.caps.NativeHold && s.caps.Ordering == policy.Ordered
 	s.holdKeys = (!s.caps.NativeHold || s.caps.HoldChains) && s.caps.Ordering == policy.Ordered
 	s.throttles = newThrottler(c.Throttles)
-	if n, ok := drv.(adapters.Namer); ok {
+	if n, ok := drv.(driver.Namer); ok {
 		s.name = n.Name()
 	}
 	s.observeAttach()
@@ -331,7 +331,7 @@ func (s *Subscriber) Close(ctx context.Context) error {
 	}
 	s.observeDetach()
 	if cerr := s.drv.Close(); cerr != nil {
-		err = errors.Join(err, adapters.WrapError("close", cerr, s.drv.ErrorCode))
+		err = errors.Join(err, driver.WrapError("close", cerr, s.drv.ErrorCode))
 	}
 	return err
 }

@@ -5,8 +5,8 @@ import (
 	"maps"
 	"testing"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 )
 
@@ -39,7 +39,7 @@ func (h harness) MakePair(ctx context.Context, t *testing.T, spec integration.Sp
 	}
 	return &integration.Pair{
 		Topic: b.TopicDriver("topic"),
-		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return b.SubscriptionDriver("sub")
 		},
 	}, nil

@@ -41,7 +41,7 @@
 // At least once. A lease that expires makes the message deliverable again
 // (InProcess: with every later delivered message of its key, acknowledged
 // or not, as Pub/Sub does). It counts an attempt only for a message that
-// may have been running, as adapters.Message.Attempt defines and
+// may have been running, as driver.Message.Attempt defines and
 // PostgreSQL counts: under Ordered the first unsettled message of a chain
 // (InProcess: of the key's delivered messages), unless a message before it
 // in the chain was nacked; under Exclusive the first unsettled one of a
@@ -68,7 +68,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -80,7 +80,7 @@ const Scheme = "mem"
 type Hold int
 
 const (
-	// Native: the broker holds groups (see adapters.Capabilities.NativeHold).
+	// Native: the broker holds groups (see driver.Capabilities.NativeHold).
 	Native Hold = iota
 	// InProcess: the broker streams each key in order and the subscriber
 	// holds groups in process.
@@ -113,7 +113,7 @@ type SubscriptionConfig struct {
 	// return together. Defaults to 1.
 	Chain int
 	// Retry, when set, is a retry policy stored with the subscription, as
-	// PostgreSQL stores one; subscribers run it (adapters.Capabilities.Retry).
+	// PostgreSQL stores one; subscribers run it (driver.Capabilities.Retry).
 	// Defaults to nil: the subscription stores none.
 	Retry *policy.Retry
 }
@@ -165,7 +165,7 @@ type topic struct {
 	name   string
 	cfg    TopicConfig
 	subs   []*subscription
-	failFn func([]*adapters.Message) error
+	failFn func([]*driver.Message) error
 
 	// payloads stores the copies SendBatch takes (payloadChunk at a time),
 	// guarded by payloadsMu.
@@ -244,7 +244,7 @@ var (
 // FailSends makes every SendBatch on topic call fn first; a non-nil result
 // fails the batch without delivering anything. Pass nil to stop. It is a
 // fault-injection hook for tests of publish failure handling.
-func (b *Broker) FailSends(topicName string, fn func(ms []*adapters.Message) error) {
+func (b *Broker) FailSends(topicName string, fn func(ms []*driver.Message) error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.topicLocked(topicName, nil).failFn = fn
@@ -279,7 +279,7 @@ type Fault struct {
 // first, with the messages of the call; the Fault it returns decides the
 // call's outcome. Pass nil to stop. It is a fault-injection hook for tests
 // of settlement under a flaky network; fn may be called concurrently.
-func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*adapters.Message) Fault) error {
+func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*driver.Message) Fault) error {
 	b.mu.Lock()
 	s, ok := b.subs[subName]
 	b.mu.Unlock()
@@ -313,19 +313,19 @@ func (b *Broker) SubscriptionDriver(name string) (*Subscription, error) {
 	return &Subscription{s: s, consumer: s.newConsumer(), crash: make(chan struct{})}, nil
 }
 
-// Topic is the adapters.Topic driver of a memory topic.
+// Topic is the driver.Topic driver of a memory topic.
 type Topic struct {
 	b *Broker
 	t *topic
 }
 
-var _ adapters.Topic = (*Topic)(nil)
+var _ driver.Topic = (*Topic)(nil)
 
 // SendBatch delivers ms to every subscription of the topic. It retains
 // nothing of ms: the topic stores one copy of each payload and headers
 // map, which its subscriptions share and never modify, and each delivery
 // gets its own copy of the payload (see Subscription.Receive).
-func (t *Topic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *Topic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -365,8 +365,8 @@ type stored struct {
 }
 
 // Limits returns the topic's limits.
-func (t *Topic) Limits() adapters.Limits {
-	return adapters.Limits{
+func (t *Topic) Limits() driver.Limits {
+	return driver.Limits{
 		Backend:          "memory",
 		MaxKeyBytes:      t.t.cfg.MaxKeyBytes,
 		KeyUTF8:          true,
@@ -403,7 +403,7 @@ func errorCode(err error) keyorder.ErrorCode {
 	return keyorder.CodeUnknown
 }
 
-// Subscription is the adapters.Subscription driver of one consumer of a
+// Subscription is the driver.Subscription driver of one consumer of a
 // memory subscription.
 type Subscription struct {
 	s        *subscription
@@ -415,15 +415,15 @@ type Subscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*Subscription)(nil)
-	_ adapters.DeadLetterStore = (*Subscription)(nil)
+	_ driver.Subscription    = (*Subscription)(nil)
+	_ driver.DeadLetterStore = (*Subscription)(nil)
 )
 
 // Receive waits for deliverable messages. Each message's Payload is its
 // own copy, made for this delivery: the consumer may modify it without
 // changing what a redelivery or another subscription receives. Headers are
 // shared and must not be modified.
-func (d *Subscription) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+func (d *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	if d.crashed.Load() {
 		return nil, ErrCrashed
 	}
@@ -451,7 +451,7 @@ func (d *Subscription) Crash() {
 }
 
 // inject runs a settlement call through the subscription's fault hook.
-func (d *Subscription) inject(op SettleOp, ms []*adapters.Message, call func() error) error {
+func (d *Subscription) inject(op SettleOp, ms []*driver.Message, call func() error) error {
 	if d.crashed.Load() {
 		return ErrCrashed
 	}
@@ -470,15 +470,15 @@ func (d *Subscription) inject(op SettleOp, ms []*adapters.Message, call func() e
 }
 
 // Ack settles messages.
-func (d *Subscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (d *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	return d.inject(OpAck, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.ack(l) })
 	})
 }
 
 // Nack returns a failed message, redeliverable after delay.
-func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
-	ms := []*adapters.Message{m}
+func (d *Subscription) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	ms := []*driver.Message{m}
 	return d.inject(OpNack, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) {
 			l.nacked = true
@@ -490,15 +490,15 @@ func (d *Subscription) Nack(ctx context.Context, m *adapters.Message, delay time
 // Release returns unhandled messages without counting an attempt. It returns
 // the last first: on an InProcess subscription returning a message returns
 // the later delivered messages of its key with it.
-func (d *Subscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (d *Subscription) Release(ctx context.Context, ms []*driver.Message) error {
 	return d.inject(OpRelease, ms, func() error {
 		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false, false) })
 	})
 }
 
 // ExtendLeases renews leases; expired ones are reported lost.
-func (d *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
-	var lost []*adapters.Message
+func (d *Subscription) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
+	var lost []*driver.Message
 	err := d.inject(OpExtendLeases, ms, func() error {
 		lost = d.s.extend(ms)
 		return nil
@@ -507,16 +507,16 @@ func (d *Subscription) ExtendLeases(ctx context.Context, ms []*adapters.Message)
 }
 
 // DeadLetter moves m to the subscription's dead letters.
-func (d *Subscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
-	ms := []*adapters.Message{m}
+func (d *Subscription) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	ms := []*driver.Message{m}
 	return d.inject(OpDeadLetter, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.deadLetter(l, reason, attempts, now) })
 	})
 }
 
 // Capabilities describes the subscription.
-func (d *Subscription) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{
+func (d *Subscription) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
 		Ordering:      d.s.cfg.Ordering,
 		NativeHold:    d.s.cfg.Hold == Native,
 		LeaseDuration: d.s.cfg.LeaseDuration,
@@ -536,7 +536,7 @@ func (d *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCod
 func (d *Subscription) Close() error { return nil }
 
 // DeadLetters lists dead letters, oldest first.
-func (d *Subscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (d *Subscription) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	return d.s.deadLetters(limit), nil
 }
 
@@ -545,5 +545,5 @@ func (d *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
 	return d.s.redrive(ids), nil
 }
 
-// Name returns the subscription's name (adapters.Namer).
+// Name returns the subscription's name (driver.Namer).
 func (d *Subscription) Name() string { return d.s.name }

@@ -10,24 +10,24 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
 
 func send(t *testing.T, b *memory.Broker, specs ...[2]string) {
 	t.Helper()
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for _, s := range specs {
-		ms = append(ms, &adapters.Message{ID: s[0], Key: s[1], Payload: []byte(s[0])})
+		ms = append(ms, &driver.Message{ID: s[0], Key: s[1], Payload: []byte(s[0])})
 	}
 	if err := b.TopicDriver("t").SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func ids(ms []*adapters.Message) []string {
+func ids(ms []*driver.Message) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, m.ID)
@@ -98,7 +98,7 @@ func TestNativeNackHoldsGroupAndChains(t *testing.T) {
 func TestURLParameters(t *testing.T) {
 	ctx := context.Background()
 	o := &memory.URLOpener{Broker: memory.NewBroker()}
-	mux := &adapters.URLMux{}
+	mux := &driver.URLMux{}
 	mux.RegisterTopic("mem", o)
 	mux.RegisterSubscription("mem", o)
 	for _, bad := range []string{
@@ -279,20 +279,20 @@ func TestCreateSubscriptionRejectsUnknownEnums(t *testing.T) {
 // A consumer that dies holding a chain of a key loses its leases; only the
 // message that may have been running (under Ordered and Exclusive the
 // chain's first unsettled one) comes back with an attempt counted, as
-// PostgreSQL counts (adapters.Message.Attempt); the rest never ran.
+// PostgreSQL counts (driver.Message.Attempt); the rest never ran.
 func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
 	type shape struct {
 		name     string
 		ordering policy.Ordering
 		hold     memory.Hold
-		settle   func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error
+		settle   func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error
 		want     []int // attempts of a1 a2 a3 (and a4) at the next receive
 	}
-	nothing := func(context.Context, *memory.Subscription, []*adapters.Message) error { return nil }
-	ackFirst := func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error {
+	nothing := func(context.Context, *memory.Subscription, []*driver.Message) error { return nil }
+	ackFirst := func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error {
 		return c.Ack(ctx, got[:1])
 	}
-	nackFirst := func(ctx context.Context, c *memory.Subscription, got []*adapters.Message) error {
+	nackFirst := func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error {
 		return c.Nack(ctx, got[0], 0)
 	}
 	for _, s := range []shape{

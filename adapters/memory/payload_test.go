@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -34,7 +34,7 @@ func TestSendBatchDoesNotRetainPayload(t *testing.T) {
 	ctx := context.Background()
 	buf := []byte("original")
 	hs := map[string]string{"h": "v"}
-	if err := b.TopicDriver("t").SendBatch(ctx, []*adapters.Message{{ID: "1", Payload: buf, Headers: hs}}); err != nil {
+	if err := b.TopicDriver("t").SendBatch(ctx, []*driver.Message{{ID: "1", Payload: buf, Headers: hs}}); err != nil {
 		t.Fatal(err)
 	}
 	overwrite(buf)
@@ -72,7 +72,7 @@ func TestPublishDoesNotRetainPayload(t *testing.T) {
 	}
 }
 
-func payloadsOf(ms []*adapters.Message) []string {
+func payloadsOf(ms []*driver.Message) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, string(m.Payload))

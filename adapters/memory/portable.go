@@ -15,7 +15,7 @@ package memory
 import (
 	"errors"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -32,7 +32,7 @@ func (b *Broker) OpenTopic(name string, cfg *publish.Config) (*publish.Publisher
 func (b *Broker) OpenSubscription(name string, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
 	drv, err := b.SubscriptionDriver(name)
 	if err != nil {
-		return nil, adapters.WrapError("open", err, errorCode)
+		return nil, driver.WrapError("open", err, errorCode)
 	}
 	s, err := subscribe.New(drv, cfg)
 	if err != nil {

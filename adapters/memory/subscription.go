@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/groupq"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
@@ -16,7 +16,7 @@ import (
 
 // entry is one message on one subscription.
 type entry struct {
-	msg      adapters.Message
+	msg      driver.Message
 	attempts int
 	// InProcess bookkeeping.
 	seq   uint64
@@ -37,7 +37,7 @@ type lease struct {
 	deadline time.Time
 	// msg is the delivered copy; its AckID is the lease itself (one
 	// allocation per delivery, and no boxing of an id).
-	msg adapters.Message
+	msg driver.Message
 	// prev is the member of the same chain (Native: messages of one key
 	// handed out by one receive) taken just before this one; nil for a
 	// chain's first. nacked: settled by Nack. Together they tell which
@@ -47,7 +47,7 @@ type lease struct {
 }
 
 // leaseOf returns m's lease if it is still held.
-func (s *subscription) leaseOf(m *adapters.Message) (*lease, bool) {
+func (s *subscription) leaseOf(m *driver.Message) (*lease, bool) {
 	l, _ := m.AckID.(*lease)
 	if l == nil || s.leases[l.id] != l {
 		return nil, false
@@ -75,12 +75,12 @@ type subscription struct {
 	nextLease     uint64
 	leases        map[uint64]*lease
 	consumers     int
-	dead          []adapters.DeadLetter
+	dead          []driver.DeadLetter
 
 	q *groupq.Queue[*entry] // Native
 
 	// faults is the FailSettlements hook, nil for none.
-	faults atomic.Pointer[func(op SettleOp, ms []*adapters.Message) Fault]
+	faults atomic.Pointer[func(op SettleOp, ms []*driver.Message) Fault]
 
 	seq     uint64 // InProcess
 	pending []*entry
@@ -156,12 +156,12 @@ func (s *subscription) unwait(ch chan struct{}) {
 
 // enqueue adds ms, whose payloads and headers the topic copied into cp
 // (cp[i] is ms[i]'s).
-func (s *subscription) enqueue(ms []*adapters.Message, cp []stored, now time.Time) {
+func (s *subscription) enqueue(ms []*driver.Message, cp []stored, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, m := range ms {
 		e := s.entries.Next()
-		e.msg = adapters.Message{
+		e.msg = driver.Message{
 			ID: m.ID, Key: m.Key, Payload: cp[i].payload, Headers: cp[i].headers,
 			NotBefore: m.NotBefore, PublishTime: now,
 		}
@@ -196,7 +196,7 @@ func (s *subscription) add(e *entry) {
 
 // receive waits for deliverable messages; it returns ErrCrashed once crash
 // is closed.
-func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-chan struct{}) ([]*adapters.Message, error) {
+func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-chan struct{}) ([]*driver.Message, error) {
 	if max <= 0 || max > s.cfg.MaxBatch {
 		max = s.cfg.MaxBatch
 	}
@@ -260,7 +260,7 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 	}
 }
 
-func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, now time.Time) *adapters.Message {
+func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, now time.Time) *driver.Message {
 	e.attempts++
 	s.nextLease++
 	var l *lease
@@ -283,15 +283,15 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, 
 	return &l.msg
 }
 
-func (s *subscription) take(consumer, max int, now time.Time) []*adapters.Message {
+func (s *subscription) take(consumer, max int, now time.Time) []*driver.Message {
 	// One allocation for the result, sized by what may be taken.
 	waiting := len(s.pending)
 	if s.q != nil {
 		waiting = s.q.Len()
 	}
-	var out []*adapters.Message
+	var out []*driver.Message
 	if n := min(max, waiting); n > 0 {
-		out = make([]*adapters.Message, 0, n)
+		out = make([]*driver.Message, 0, n)
 	}
 	if s.q != nil {
 		for len(out) < max {
@@ -378,7 +378,7 @@ func (s *subscription) expire(now time.Time) {
 func (s *subscription) ordered() bool { return s.cfg.Ordering == policy.Ordered }
 
 // lostCounts reports whether the loss of l's lease counts an attempt: whether
-// its message may have been running (adapters.Message.Attempt). Under
+// its message may have been running (driver.Message.Attempt). Under
 // Ordered only the first unsettled message of a key's chain may have been,
 // and none behind a message nacked under the same chain; under Exclusive
 // the first unsettled one of a chain (a nacked one is settled, and later
@@ -405,12 +405,12 @@ func (s *subscription) lostCounts(l *lease) bool {
 	return true
 }
 
-func (s *subscription) settle(ms []*adapters.Message, fn func(l *lease, now time.Time)) error {
+func (s *subscription) settle(ms []*driver.Message, fn func(l *lease, now time.Time)) error {
 	return s.settleOrder(ms, false, fn)
 }
 
 // settleOrder settles ms, last first if backwards.
-func (s *subscription) settleOrder(ms []*adapters.Message, backwards bool, fn func(l *lease, now time.Time)) error {
+func (s *subscription) settleOrder(ms []*driver.Message, backwards bool, fn func(l *lease, now time.Time)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -506,12 +506,12 @@ func (s *subscription) retry(l *lease, at time.Time, counted, laterCounted bool)
 	s.pending = slices.Compact(s.pending)
 }
 
-func (s *subscription) extend(ms []*adapters.Message) []*adapters.Message {
+func (s *subscription) extend(ms []*driver.Message) []*driver.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	s.expire(now)
-	var lost []*adapters.Message
+	var lost []*driver.Message
 	for _, m := range ms {
 		if l, ok := s.leaseOf(m); ok {
 			l.deadline = now.Add(s.cfg.LeaseDuration)
@@ -523,11 +523,11 @@ func (s *subscription) extend(ms []*adapters.Message) []*adapters.Message {
 }
 
 func (s *subscription) deadLetter(l *lease, reason string, attempts int, now time.Time) {
-	s.dead = append(s.dead, adapters.DeadLetter{Message: l.e.msg, Reason: reason, Attempts: attempts, DeadAt: now})
+	s.dead = append(s.dead, driver.DeadLetter{Message: l.e.msg, Reason: reason, Attempts: attempts, DeadAt: now})
 	s.ack(l)
 }
 
-func (s *subscription) deadLetters(limit int) []adapters.DeadLetter {
+func (s *subscription) deadLetters(limit int) []driver.DeadLetter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := len(s.dead)
@@ -541,7 +541,7 @@ func (s *subscription) redrive(ids []string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	s.dead = slices.DeleteFunc(s.dead, func(d adapters.DeadLetter) bool {
+	s.dead = slices.DeleteFunc(s.dead, func(d driver.DeadLetter) bool {
 		if !slices.Contains(ids, d.Message.ID) {
 			return false
 		}

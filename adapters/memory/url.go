@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -20,14 +20,14 @@ type URLOpener struct {
 var defaultOpener = &URLOpener{Broker: NewBroker()}
 
 func init() {
-	adapters.RegisterParams(Scheme, adapters.Params{
+	driver.RegisterParams(Scheme, driver.Params{
 		Names: []string{"payload", "max_key", "max_payload", "subscription", "ordering", "hold", "lease", "max_batch", "chain"},
 		Deprecated: map[string]string{
 			"maxkey": "max_key", "maxpayload": "max_payload", "maxbatch": "max_batch",
 		},
 	})
-	adapters.DefaultMux().RegisterTopic(Scheme, defaultOpener)
-	adapters.DefaultMux().RegisterSubscription(Scheme, defaultOpener)
+	driver.DefaultMux().RegisterTopic(Scheme, defaultOpener)
+	driver.DefaultMux().RegisterSubscription(Scheme, defaultOpener)
 }
 
 // DefaultBroker returns the broker that mem:// URLs open.
@@ -38,18 +38,18 @@ func DefaultBroker() *Broker { return defaultOpener.Broker }
 // no topic.
 func topicName(u *url.URL) (string, error) {
 	if u.Host == "" || u.Opaque != "" || u.User != nil {
-		return "", adapters.BadURL(u, "missing topic name (want mem://topic)")
+		return "", driver.BadURL(u, "missing topic name (want mem://topic)")
 	}
 	return u.Host + u.Path, nil
 }
 
 // OpenTopicURL opens mem://topic.
-func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (driver.Topic, error) {
 	name, err := topicName(u)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +58,7 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 		p, v := kv.Name, kv.Value
 		if p == "payload" {
 			if v != "required" && v != "optional" {
-				return nil, adapters.BadParam(u, p, "want required or optional")
+				return nil, driver.BadParam(u, p, "want required or optional")
 			}
 			cfg.PayloadRequired = v == "required"
 			continue
@@ -66,9 +66,9 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 		n, err := strconv.Atoi(v)
 		switch {
 		case p != "max_key" && p != "max_payload":
-			return nil, adapters.BadParam(u, p, "unknown parameter")
+			return nil, driver.BadParam(u, p, "unknown parameter")
 		case err != nil || n <= 0:
-			return nil, adapters.BadParam(u, p, "want a positive integer")
+			return nil, driver.BadParam(u, p, "want a positive integer")
 		case p == "max_key":
 			cfg.MaxKeyBytes = n
 		default:
@@ -81,12 +81,12 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (adapters.Topic,
 
 // OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
 // subscription if it does not exist.
-func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (driver.Subscription, error) {
 	topicName, err := topicName(u)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return nil, err
 	}
@@ -129,11 +129,11 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters
 			err = errors.New("unknown parameter")
 		}
 		if err != nil {
-			return nil, adapters.BadParam(u, p, err.Error())
+			return nil, driver.BadParam(u, p, err.Error())
 		}
 	}
 	if name == "" {
-		return nil, adapters.BadParam(u, "subscription", "required")
+		return nil, driver.BadParam(u, "subscription", "required")
 	}
 	if err := o.Broker.CreateSubscription(topicName, name, &cfg); err != nil {
 		return nil, err
@@ -141,5 +141,5 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (adapters
 	return o.Broker.SubscriptionDriver(name)
 }
 
-// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+// ErrorCode classifies the errors of the opener (driver.ErrorCoder).
 func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/urlfuzz"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -97,11 +97,11 @@ func TestURLSecretParams(t *testing.T) {
 func TestURLSpellings(t *testing.T) {
 	ctx := context.Background()
 	o := &URLOpener{Broker: NewBroker()}
-	open := func(raw string) (adapters.Capabilities, error) {
+	open := func(raw string) (driver.Capabilities, error) {
 		u, _ := url.Parse(raw)
 		d, err := o.OpenSubscriptionURL(ctx, u)
 		if err != nil {
-			return adapters.Capabilities{}, err
+			return driver.Capabilities{}, err
 		}
 		return d.Capabilities(), nil
 	}
@@ -117,7 +117,7 @@ func TestURLSpellings(t *testing.T) {
 		t.Errorf("both spellings: %v, want ErrBadURL naming max_batch", err)
 	}
 	for _, q := range [][2]string{{"maxkey=9&maxpayload=99", "max_key=9&max_payload=99"}} {
-		var lims []adapters.Limits
+		var lims []driver.Limits
 		for i, qq := range q {
 			u, _ := url.Parse(fmt.Sprintf("mem://topic%d?%s", i, qq))
 			d, err := o.OpenTopicURL(ctx, u)
@@ -145,7 +145,7 @@ func TestURLDeprecationWarning(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	defer slog.SetDefault(prev)
 	ctx := context.Background()
-	mux := &adapters.URLMux{}
+	mux := &driver.URLMux{}
 	o := &URLOpener{Broker: NewBroker()}
 	mux.RegisterTopic(Scheme, o)
 	mux.RegisterSubscription(Scheme, o)

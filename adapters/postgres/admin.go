@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -198,16 +198,16 @@ func (a *Admin) DeleteSubscription(ctx context.Context, topic, name string) erro
 	return nil
 }
 
-func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]adapters.DeadLetter, error) {
+func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]driver.DeadLetter, error) {
 	rows, err := s.pool.Query(ctx, s.sql(`
 		SELECT msg_id, msg_key, payload, headers, published_at, reason, attempts, dead_at
 		FROM {{schema}}.dead_letters WHERE sub_id = $1 ORDER BY dead_at, id LIMIT $2`), subID, sqlLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: dead letters: %w", err)
 	}
-	var out []adapters.DeadLetter
+	var out []driver.DeadLetter
 	for rows.Next() {
-		var dl adapters.DeadLetter
+		var dl driver.DeadLetter
 		var key *string
 		var headers []byte
 		if err := rows.Scan(&dl.Message.ID, &key, &dl.Message.Payload, &headers, &dl.Message.PublishTime, &dl.Reason, &dl.Attempts, &dl.DeadAt); err != nil {
@@ -240,7 +240,7 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 		}
 		type dead struct {
 			id int64
-			m  adapters.Message
+			m  driver.Message
 			h  *string
 		}
 		var ds []dead
@@ -257,7 +257,7 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 		}
 		// Redrive in the order they were first published.
 		slices.SortFunc(ds, func(a, b dead) int { return cmp.Compare(a.id, b.id) })
-		ms := make([]*adapters.Message, len(ds))
+		ms := make([]*driver.Message, len(ds))
 		for i := range ds {
 			m := ds[i].m
 			if ds[i].h != nil {
@@ -382,7 +382,7 @@ func decodeHeaders(b []byte) (map[string]string, error) {
 }
 
 // sqlLimit turns a listing limit into a LIMIT argument: limit <= 0 means
-// no limit (LIMIT NULL), as adapters.DeadLetterStore defines it.
+// no limit (LIMIT NULL), as driver.DeadLetterStore defines it.
 func sqlLimit(limit int) any {
 	if limit <= 0 {
 		return nil

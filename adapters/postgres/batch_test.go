@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -43,7 +43,7 @@ func (r *pgBatches) get() [][]string {
 
 // runBatchUntil runs RunBatch on drv until want messages are acknowledged
 // (or 30 s pass, which fails the test), then stops it.
-func runBatchUntil(t *testing.T, drv adapters.Subscription, cfg *subscribe.Config, want int64, h subscribe.BatchHandlerFunc) {
+func runBatchUntil(t *testing.T, drv driver.Subscription, cfg *subscribe.Config, want int64, h subscribe.BatchHandlerFunc) {
 	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	sub, err := subscribe.New(drv, cfg)
@@ -78,7 +78,7 @@ func TestRunBatchLaneKey(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	drv := e.sub("t", "s", policy.Ordered, &postgres.Options{ChainLength: 4})
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for _, id := range []string{"x1", "y1", "x2", "y2"} {
 		m := msg("tenant", id)
 		m.Headers = map[string]string{"account": id[:1]}
@@ -106,7 +106,7 @@ func TestRunBatchExclusiveUnrunTailFirst(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	drv := e.sub("t", "s", policy.Exclusive, &postgres.Options{ChainLength: 3})
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
 	}

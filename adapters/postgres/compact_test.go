@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -32,7 +32,7 @@ func (e *env) compactSub(topic string, ordering policy.Ordering, lease time.Dura
 	return s
 }
 
-func send(t *testing.T, tp *postgres.Topic, ms ...*adapters.Message) {
+func send(t *testing.T, tp *postgres.Topic, ms ...*driver.Message) {
 	t.Helper()
 	if err := tp.SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestCompactDeliversNewest(t *testing.T) {
 			tp := e.topic("t", nil)
 			s := e.compactSub("t", ord, 0)
 			send(t, tp, msg("A", "a1"), msg("A", "a2"), msg("B", "b1"), msg("A", "a3"), msg("B", "b2"))
-			send(t, tp, &adapters.Message{ID: "n1", Payload: []byte("n1")}) // keyless: never superseded
+			send(t, tp, &driver.Message{ID: "n1", Payload: []byte("n1")}) // keyless: never superseded
 			ctx := ctxT(t, 30*time.Second)
 			got := receiveN(t, ctx, s, 3)
 			gotIDs := ids(got)
@@ -177,15 +177,15 @@ func TestCompactNotBefore(t *testing.T) {
 	tp := e.topic("t", nil)
 	s := e.compactSub("t", policy.Exclusive, 0)
 	ctx := ctxT(t, 30*time.Second)
-	later := &adapters.Message{ID: "a0", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Hour)}
+	later := &driver.Message{ID: "a0", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Hour)}
 	send(t, tp, later, msg("A", "a1"))
-	delayed := &adapters.Message{ID: "a2", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Hour)}
+	delayed := &driver.Message{ID: "a2", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Hour)}
 	send(t, tp, delayed)
 	m := receiveN(t, ctx, s, 1)[0]
 	if m.ID != "a1" {
 		t.Fatalf("received %s, want a1 (a0 older and superseded, a2 not due)", m.ID)
 	}
-	if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+	if err := s.Ack(ctx, []*driver.Message{m}); err != nil {
 		t.Fatal(err)
 	}
 	receiveNone(t, s, 300*time.Millisecond)
@@ -212,11 +212,11 @@ func TestCompactLeaseLost(t *testing.T) {
 			}
 			dead.WaitStarted()
 			send(t, tp, msg("A", "a2"))
-			var got []*adapters.Message
+			var got []*driver.Message
 			for len(got) < 2 {
 				got = append(got, receiveN(t, ctx, live, 1)...)
 			}
-			byID := map[string]*adapters.Message{}
+			byID := map[string]*driver.Message{}
 			for _, m := range got {
 				byID[m.ID] = m
 			}
@@ -232,7 +232,7 @@ func TestCompactLeaseLost(t *testing.T) {
 					if err := dead.Nack(ctx, m, 0); err != nil {
 						t.Fatal(err)
 					}
-					if err := dead.Ack(ctx, []*adapters.Message{m}); err != nil {
+					if err := dead.Ack(ctx, []*driver.Message{m}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -331,7 +331,7 @@ func TestCompactConcurrentPublishersAndConsumers(t *testing.T) {
 								}
 								continue
 							}
-							if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+							if err := s.Ack(ctx, []*driver.Message{m}); err != nil {
 								t.Error(err)
 							}
 							mu.Lock()
@@ -350,13 +350,13 @@ func TestCompactConcurrentPublishersAndConsumers(t *testing.T) {
 					defer pw.Done()
 					for v := 1; v <= versions; {
 						for k := p; k < keys; k += publishers {
-							var ms []*adapters.Message
+							var ms []*driver.Message
 							for j := v; j < v+2 && j <= versions; j++ {
-								ms = append(ms, &adapters.Message{ID: fmt.Sprintf("k%d-%d", k, j), Key: fmt.Sprintf("k%d", k), Payload: []byte(strconv.Itoa(j))})
+								ms = append(ms, &driver.Message{ID: fmt.Sprintf("k%d-%d", k, j), Key: fmt.Sprintf("k%d", k), Payload: []byte(strconv.Itoa(j))})
 							}
-							batches := [][]*adapters.Message{ms}
+							batches := [][]*driver.Message{ms}
 							if rand.IntN(2) == 0 && len(ms) == 2 {
-								batches = [][]*adapters.Message{ms[:1], ms[1:]}
+								batches = [][]*driver.Message{ms[:1], ms[1:]}
 							}
 							for _, b := range batches {
 								if err := tp.SendBatch(ctx, b); err != nil {
@@ -598,7 +598,7 @@ func TestCompactProcessKilled(t *testing.T) {
 	if m.ID != "a5" || m.Attempt != 1 {
 		t.Fatalf("after the kill received %s attempt %d, want a5 attempt 1", m.ID, m.Attempt)
 	}
-	if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+	if err := s.Ack(ctx, []*driver.Message{m}); err != nil {
 		t.Fatal(err)
 	}
 	if st := stats(t, s); st.Superseded != 4 || st.Pending != 0 || st.Dead != 0 {

@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 )
 
@@ -49,7 +49,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	}
 	return &integration.Pair{
 		Topic: tp,
-		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			s, err := postgres.OpenSubscriptionDriver(ctx, h.e.pool, name, "sub", opts)
 			if err == nil {
 				t.Cleanup(func() { s.Close() })

@@ -15,7 +15,7 @@
 // # URLs
 //
 // Importing the package registers postgres:// and postgresql:// on
-// adapters.DefaultMux:
+// driver.DefaultMux:
 //
 //	postgres://user:pass@host:5432/db?topic=ledger&subscription=apply-balance&schema=keyorder
 //
@@ -96,7 +96,7 @@
 // every failure and with every lease that expired while it was running (a
 // crashed consumer counts). Only messages whose handler started count
 // (migration 004): the subscriber tells the driver as each handler starts
-// (adapters.StartRecorder), and the driver records, per leased chain, the
+// (driver.StartRecorder), and the driver records, per leased chain, the
 // highest member that started (heads.started_end). A chain that sat in its
 // consumer's lanes waiting for a worker when the consumer died comes back
 // with no attempt counted; of the members that started, those neither
@@ -182,7 +182,7 @@
 //
 // A subscription's retry settings (max_attempts, min_backoff, max_backoff)
 // are stored with it, like its ordering, and are the ones every consumer
-// runs: the driver reports them in adapters.Capabilities.Retry and the
+// runs: the driver reports them in driver.Capabilities.Retry and the
 // subscribe package uses them over its Config.Retry, which fills only the
 // settings the subscription leaves zero (not said). A consumer asking for a
 // different value is overridden and the disagreement logged; reopening the

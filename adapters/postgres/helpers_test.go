@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -93,8 +93,8 @@ func (e *env) sub(topic, name string, ordering policy.Ordering, o *postgres.Opti
 	return s
 }
 
-func msg(key, id string) *adapters.Message {
-	return &adapters.Message{ID: id, Key: key, Payload: []byte(id)}
+func msg(key, id string) *driver.Message {
+	return &driver.Message{ID: id, Key: key, Payload: []byte(id)}
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
@@ -104,9 +104,9 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 }
 
 // receiveN receives until it has n messages or the context ends.
-func receiveN(t testing.TB, ctx context.Context, s adapters.Subscription, n int) []*adapters.Message {
+func receiveN(t testing.TB, ctx context.Context, s driver.Subscription, n int) []*driver.Message {
 	t.Helper()
-	var out []*adapters.Message
+	var out []*driver.Message
 	for len(out) < n {
 		ms, err := s.Receive(ctx, n-len(out))
 		if err != nil {
@@ -118,7 +118,7 @@ func receiveN(t testing.TB, ctx context.Context, s adapters.Subscription, n int)
 }
 
 // receiveNone asserts that nothing is claimable within d.
-func receiveNone(t testing.TB, s adapters.Subscription, d time.Duration) {
+func receiveNone(t testing.TB, s driver.Subscription, d time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -128,7 +128,7 @@ func receiveNone(t testing.TB, s adapters.Subscription, d time.Duration) {
 	}
 }
 
-func ids(ms []*adapters.Message) []string {
+func ids(ms []*driver.Message) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.ID

@@ -91,7 +91,7 @@ type SubscriptionOptions struct {
 	Ordering policy.Ordering
 	// MaxAttempts, MinBackoff and MaxBackoff are the retry settings kept
 	// with the subscription; every consumer runs them (the driver reports
-	// them in adapters.Capabilities.Retry and they override the consumer's
+	// them in driver.Capabilities.Retry and they override the consumer's
 	// subscribe.Config.Retry). A zero value is stored as zero and means the
 	// subscription does not say: the consumer's Config.Retry, then the
 	// policy package's default, decides. (Subscriptions created before this

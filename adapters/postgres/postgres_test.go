@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
-func sendBatch(t testing.TB, tp *postgres.Topic, ms ...*adapters.Message) {
+func sendBatch(t testing.TB, tp *postgres.Topic, ms ...*driver.Message) {
 	t.Helper()
 	if err := tp.SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
@@ -358,14 +358,14 @@ func TestURL(t *testing.T) {
 	}
 	base := e.url + sep + "schema=" + e.schema
 	for _, bad := range []string{"&topic=t&bogus=1", "&topic=t&lease=soon", "&topic=t&ordering=random", "&topic=t&chain=-1"} {
-		if _, err := adapters.DefaultMux().OpenTopic(ctx, base+bad); !errors.Is(err, keyorder.ErrBadURL) && !errors.Is(err, keyorder.ErrInvalidConfig) {
+		if _, err := driver.DefaultMux().OpenTopic(ctx, base+bad); !errors.Is(err, keyorder.ErrBadURL) && !errors.Is(err, keyorder.ErrInvalidConfig) {
 			t.Errorf("%s: %v", bad, err)
 		}
 	}
-	if _, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&topic=t"); !errors.Is(err, keyorder.ErrBadURL) {
+	if _, err := driver.DefaultMux().OpenSubscription(ctx, base+"&topic=t"); !errors.Is(err, keyorder.ErrBadURL) {
 		t.Errorf("missing subscription: %v", err)
 	}
-	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&topic=ledger&subscription=apply&create=true&ordering=ordered&max_attempts=5&lease=5s&application_name=kotest")
+	sub, err := driver.DefaultMux().OpenSubscription(ctx, base+"&topic=ledger&subscription=apply&create=true&ordering=ordered&max_attempts=5&lease=5s&application_name=kotest")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,12 +376,12 @@ func TestURL(t *testing.T) {
 	if got := sub.(*postgres.Subscription).Settings().MaxAttempts; got != 5 {
 		t.Fatalf("max attempts %d", got)
 	}
-	top, err := adapters.DefaultMux().OpenTopic(ctx, "postgresql"+base[len("postgres"):]+"&topic=ledger")
+	top, err := driver.DefaultMux().OpenTopic(ctx, "postgresql"+base[len("postgres"):]+"&topic=ledger")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer top.Close()
-	if err := top.SendBatch(ctx, []*adapters.Message{msg("A", "1")}); err != nil {
+	if err := top.SendBatch(ctx, []*driver.Message{msg("A", "1")}); err != nil {
 		t.Fatal(err)
 	}
 	got := receiveN(t, ctx, sub, 1)
@@ -398,7 +398,7 @@ func TestReceiveAtMostMax(t *testing.T) {
 	s := e.sub("t", "s", policy.Ordered, nil)
 	sendBatch(t, tp, msg("", "s0"))
 	for _, k := range []string{"A", "B", "C"} {
-		var ms []*adapters.Message
+		var ms []*driver.Message
 		for i := range 10 {
 			ms = append(ms, msg(k, fmt.Sprintf("%s%d", k, i)))
 		}

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -86,7 +86,7 @@ func helperConsumer() int {
 			for n, m := range ms[i:j] {
 				// As subscribe does, record the start (and, for the tests'
 				// sake, wait until it is written).
-				_ = s.Started(ctx, []*adapters.Message{m})
+				_ = s.Started(ctx, []*driver.Message{m})
 				s.WaitStarted()
 				write("start %s %s %d %d", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
 				if m.ID == hang {
@@ -100,7 +100,7 @@ func helperConsumer() int {
 					break
 				}
 				write("end %s %s %d %d ok", m.Key, m.ID, m.Attempt, time.Now().UnixNano())
-				if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+				if err := s.Ack(ctx, []*driver.Message{m}); err != nil {
 					fmt.Fprintln(os.Stderr, "ack:", err)
 				}
 			}
@@ -242,7 +242,7 @@ func TestProcessKilledMidHandler(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	e.sub("t", "s", 2 /* Ordered */, nil)
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
 	}
@@ -287,7 +287,7 @@ func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
 	}
 	order := map[string][]string{}
 	for r := range perKey {
-		var batch []*adapters.Message
+		var batch []*driver.Message
 		for k := range keys {
 			key := "k" + strconv.Itoa(k)
 			id := fmt.Sprintf("%s-%03d", key, r)
@@ -367,7 +367,7 @@ func TestProcessKilledHoldingChain(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
 	e.sub("t", "s", 2 /* Ordered */, nil)
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
 	}

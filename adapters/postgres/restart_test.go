@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -132,13 +132,13 @@ func TestPostgresRestartMidStream(t *testing.T) {
 
 	const keys, perKey = 20, 60
 	order := map[string][]string{}
-	var batches [][]*adapters.Message
+	var batches [][]*driver.Message
 	for r := range perKey {
 		for k := range keys {
 			key := "k" + strconv.Itoa(k)
 			id := fmt.Sprintf("%s-%03d", key, r)
 			order[key] = append(order[key], id)
-			batches = append(batches, []*adapters.Message{msg(key, id)})
+			batches = append(batches, []*driver.Message{msg(key, id)})
 		}
 	}
 	var mu sync.Mutex

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
-// Started marks (adapters.StartRecorder, migration 004). A lost lease counts
+// Started marks (driver.StartRecorder, migration 004). A lost lease counts
 // an attempt only for the chain members whose handler started, so the
 // driver records, per leased chain, the highest id whose handler started
 // (heads.started_end; members start in id order). Why it is written the way
@@ -80,11 +80,11 @@ func (st *starts) init() {
 // retryably (a deadlock with a lease renewal, a restarting server).
 const startTries = 3
 
-// Started records that the handlers of ms start (adapters.StartRecorder).
+// Started records that the handlers of ms start (driver.StartRecorder).
 // It returns at once, unless one of ms is suspect: then it returns when
 // the mark has been written (or ctx ends). Direct deliveries (Parallel, or
 // keyless) are counted at claim and need no mark.
-func (su *pgSubscription) Started(ctx context.Context, ms []*adapters.Message) error {
+func (su *pgSubscription) Started(ctx context.Context, ms []*driver.Message) error {
 	if su.starts.wake == nil {
 		return nil // not keyed: nothing to mark
 	}

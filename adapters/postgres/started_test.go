@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
 // attemptsOf lists ms as "id@attempt".
-func attemptsOf(ms []*adapters.Message) []string {
+func attemptsOf(ms []*driver.Message) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = fmt.Sprintf("%s@%d", m.ID, m.Attempt)

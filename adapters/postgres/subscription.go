@@ -15,12 +15,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
 // pgSubscription is the subscription driver: it consumes one subscription.
-// It implements adapters.Subscription, DeadLetterStore, StatsReporter and
+// It implements driver.Subscription, DeadLetterStore, StatsReporter and
 // HeldKeyLister.
 type pgSubscription struct {
 	s        *store
@@ -44,11 +44,11 @@ type pgSubscription struct {
 }
 
 var (
-	_ adapters.Subscription    = (*pgSubscription)(nil)
-	_ adapters.DeadLetterStore = (*pgSubscription)(nil)
-	_ adapters.StatsReporter   = (*pgSubscription)(nil)
-	_ adapters.HeldKeyLister   = (*pgSubscription)(nil)
-	_ adapters.StartRecorder   = (*pgSubscription)(nil)
+	_ driver.Subscription    = (*pgSubscription)(nil)
+	_ driver.DeadLetterStore = (*pgSubscription)(nil)
+	_ driver.StatsReporter   = (*pgSubscription)(nil)
+	_ driver.HeldKeyLister   = (*pgSubscription)(nil)
+	_ driver.StartRecorder   = (*pgSubscription)(nil)
 )
 
 // ackID is a delivery's handle. A keyed delivery belongs to the chain it
@@ -187,8 +187,8 @@ func (su *pgSubscription) Settings() SubscriptionOptions { return *su.info.opts 
 // Capabilities describes the subscription: the database holds groups
 // itself (NativeHold), and the retry settings stored with the subscription
 // are the ones consumers run (Retry).
-func (su *pgSubscription) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{
+func (su *pgSubscription) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
 		Ordering:      su.info.opts.Ordering,
 		NativeHold:    true,
 		LeaseDuration: su.lease,
@@ -201,7 +201,7 @@ func (su *pgSubscription) Capabilities() adapters.Capabilities {
 // messages per key (Exclusive, Ordered), and single messages (Parallel,
 // keyless). It waits for a notification, the next retry or delay to fall due,
 // or PollInterval, whichever comes first, while nothing is claimable.
-func (su *pgSubscription) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (su *pgSubscription) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	maxMessages = min(max(maxMessages, 1), su.opts.MaxBatch)
 	for {
 		if su.closed.Load() {
@@ -236,7 +236,7 @@ func (su *pgSubscription) Receive(ctx context.Context, maxMessages int) ([]*adap
 
 // claim runs the claim queries in one round trip. When nothing was claimed it
 // also returns how long to wait before trying again.
-func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapters.Message, time.Duration, error) {
+func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*driver.Message, time.Duration, error) {
 	token := rand.Int64()
 	keyed := su.info.opts.Ordering.Keyed()
 	b := &pgx.Batch{}
@@ -257,7 +257,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 	br := su.s.pool.SendBatch(ctx, b)
 	defer br.Close()
 
-	var out []*adapters.Message
+	var out []*driver.Message
 	chains := map[string]*chain{}
 	scan := func(direct bool) error {
 		rows, err := br.Query()
@@ -266,7 +266,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 		}
 		defer rows.Close()
 		for rows.Next() {
-			m := &adapters.Message{}
+			m := &driver.Message{}
 			var id int64
 			var key *string
 			var headers []byte
@@ -328,14 +328,14 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 				}
 			}
 		}
-		rank := func(m *adapters.Message) (int64, int64) {
+		rank := func(m *driver.Message) (int64, int64) {
 			a := m.AckID.(*ackID)
 			if a.chain != nil {
 				return first[m.Key], a.id
 			}
 			return a.id, a.id
 		}
-		slices.SortStableFunc(out, func(x, y *adapters.Message) int {
+		slices.SortStableFunc(out, func(x, y *driver.Message) int {
 			x1, x2 := rank(x)
 			y1, y2 := rank(y)
 			if x1 != y1 {
@@ -363,7 +363,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*adapte
 	return nil, wait, nil
 }
 
-func ackIDs(ms []*adapters.Message) ([]*ackID, error) {
+func ackIDs(ms []*driver.Message) ([]*ackID, error) {
 	out := make([]*ackID, len(ms))
 	for i, m := range ms {
 		a, ok := m.AckID.(*ackID)
@@ -461,7 +461,7 @@ func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *
 
 // Ack deletes the deliveries, and the message bodies no other subscription
 // needs, and releases the keys whose chain is now settled.
-func (su *pgSubscription) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (su *pgSubscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
@@ -479,8 +479,8 @@ func (su *pgSubscription) Ack(ctx context.Context, ms []*adapters.Message) error
 // Nack records the failed attempt and makes m
 // claimable again not before delay. Under Ordered its key stays held until
 // then: nothing behind m is claimed.
-func (su *pgSubscription) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
-	as, err := ackIDs([]*adapters.Message{m})
+func (su *pgSubscription) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	as, err := ackIDs([]*driver.Message{m})
 	if err != nil {
 		return err
 	}
@@ -500,7 +500,7 @@ func (su *pgSubscription) Nack(ctx context.Context, m *adapters.Message, delay t
 }
 
 // Release gives ms back without counting an attempt; they keep their place.
-func (su *pgSubscription) Release(ctx context.Context, ms []*adapters.Message) error {
+func (su *pgSubscription) Release(ctx context.Context, ms []*driver.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
@@ -522,8 +522,8 @@ func (su *pgSubscription) Release(ctx context.Context, ms []*adapters.Message) e
 
 // DeadLetter moves m to the dead letters with reason and attempts; its key
 // continues with the next message.
-func (su *pgSubscription) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
-	as, err := ackIDs([]*adapters.Message{m})
+func (su *pgSubscription) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	as, err := ackIDs([]*driver.Message{m})
 	if err != nil {
 		return err
 	}
@@ -535,7 +535,7 @@ func (su *pgSubscription) DeadLetter(ctx context.Context, m *adapters.Message, r
 
 // ExtendLeases renews the leases of ms (a keyed message's lease is its
 // chain's) and returns those whose lease was lost.
-func (su *pgSubscription) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (su *pgSubscription) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return nil, err
@@ -601,7 +601,7 @@ func (su *pgSubscription) ExtendLeases(ctx context.Context, ms []*adapters.Messa
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("postgres: extend leases: %w", err)
 	}
-	var lost []*adapters.Message
+	var lost []*driver.Message
 	for i, a := range as {
 		if a.chain != nil && !alive[ck{a.chain.key, a.chain.token}] || a.chain == nil && !aliveDirect[a.id] {
 			lost = append(lost, ms[i])
@@ -611,7 +611,7 @@ func (su *pgSubscription) ExtendLeases(ctx context.Context, ms []*adapters.Messa
 }
 
 // DeadLetters lists up to limit dead letters, oldest first.
-func (su *pgSubscription) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (su *pgSubscription) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	return su.s.deadLetters(ctx, su.info.id, limit)
 }
 
@@ -623,13 +623,13 @@ func (su *pgSubscription) Redrive(ctx context.Context, ids []string) (int, error
 }
 
 // HeldKeys lists up to limit keys that are in flight or waiting, soonest
-// first (adapters.HeldKeyLister).
+// first (driver.HeldKeyLister).
 func (su *pgSubscription) HeldKeys(ctx context.Context, limit int) ([]keyorder.HeldKey, error) {
 	return su.s.heldKeys(ctx, su.info.id, limit)
 }
 
 // BackendStats counts the subscription's pending messages, dead letters,
-// keys and held keys (adapters.StatsReporter).
+// keys and held keys (driver.StatsReporter).
 func (su *pgSubscription) BackendStats(ctx context.Context) (keyorder.BackendStats, error) {
 	return su.s.backendStats(ctx, su.info.id)
 }

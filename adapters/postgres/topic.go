@@ -14,15 +14,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/policy"
 )
 
 // Limits of the postgres backend. Keys are btree-indexed text and headers
 // jsonb: neither can hold NUL, and jsonb would replace invalid UTF-8, which
-// the portable rule (adapters.Validate) rejects before anything is stored.
+// the portable rule (driver.Validate) rejects before anything is stored.
 // Bodies are bytea and carry any bytes.
-var limits = adapters.Limits{
+var limits = driver.Limits{
 	Backend:          "postgres",
 	MaxKeyBytes:      1024,
 	KeyUTF8:          true,
@@ -32,7 +33,7 @@ var limits = adapters.Limits{
 }
 
 // pgTopic is the topic driver: it publishes to one topic. It implements
-// adapters.Topic.
+// driver.Topic.
 type pgTopic struct {
 	s        *store
 	name     string
@@ -43,7 +44,7 @@ type pgTopic struct {
 	closed   atomic.Bool
 }
 
-var _ adapters.Topic = (*pgTopic)(nil)
+var _ driver.Topic = (*pgTopic)(nil)
 
 // openTopic opens the driver of topic on pool. With opts.Migrate it first applies pending
 // migrations; with opts.Create it creates the topic if missing, else a
@@ -80,7 +81,7 @@ func openTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Opti
 // SendBatch inserts ms in one transaction, in order. Unlike the general
 // contract requires, this driver also accepts a batch that mixes keys: each
 // key keeps its order within the batch.
-func (t *pgTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *pgTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if t.closed.Load() {
 		return keyorder.ErrClosed
 	}
@@ -98,7 +99,7 @@ func (t *pgTopic) SendBatch(ctx context.Context, ms []*adapters.Message) error {
 // PublishTx enqueues ms inside the caller's transaction: they become
 // visible to consumers exactly when tx commits, and vanish if it rolls back
 // (the outbox pattern). Messages are validated exactly as
-// publish.Publisher validates them (adapters.Prepare): an empty ID gets a
+// publish.Publisher validates them (driver.Prepare): an empty ID gets a
 // UUIDv7 in the stored row (ms are not modified: choose IDs with
 // keyorder.NewID to know them); an empty Key is taken from the
 // keyorder.HeaderPartitionKey header; a message with neither is rejected
@@ -112,9 +113,9 @@ func (t *pgTopic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Mess
 	if t.closed.Load() {
 		return keyorder.ErrClosed
 	}
-	dms := make([]*adapters.Message, 0, len(ms))
+	dms := make([]*driver.Message, 0, len(ms))
 	for _, m := range ms {
-		dm, err := adapters.Prepare(m, "", t.opts.MissingKey != policy.Unordered, limits)
+		dm, err := driverkit.Prepare(m, "", t.opts.MissingKey != policy.Unordered, limits)
 		if err != nil {
 			return err
 		}
@@ -127,9 +128,9 @@ func (t *pgTopic) PublishTx(ctx context.Context, tx pgx.Tx, ms ...*keyorder.Mess
 }
 
 // checkMessage applies the portable validation to a message a caller of
-// SendBatch hands in (PublishTx validates through adapters.Prepare; a
+// SendBatch hands in (PublishTx validates through driver.Prepare; a
 // redrive re-inserts what was stored, which was valid when it was stored).
-func checkMessage(m *adapters.Message) error { return adapters.Validate(limits, m) }
+func checkMessage(m *driver.Message) error { return driver.Validate(limits, m) }
 
 // notifyChannel returns the channel to NOTIFY inside this publish's
 // transaction, or "" when a notification went out less than the debounce
@@ -158,7 +159,7 @@ func (t *pgTopic) notifyChannel() string {
 // copied in an explicit transaction; that took 22-28 ms per 1,000, the
 // extra round trips and the id query costing more than COPY's cheaper heap
 // writes saved, and the index inserts are the same.
-func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *int32, ms []*adapters.Message, notify string) error {
+func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *int32, ms []*driver.Message, notify string) error {
 	n := len(ms)
 	ids := make([]string, n)
 	keys := make([]string, n)
@@ -244,7 +245,7 @@ func (s *store) insert(ctx context.Context, ex execer, topicID int32, onlySub *i
 }
 
 // Limits returns the backend's message limits.
-func (t *pgTopic) Limits() adapters.Limits { return limits }
+func (t *pgTopic) Limits() driver.Limits { return limits }
 
 // IsRetryable reports whether err is transient.
 func (t *pgTopic) IsRetryable(err error) bool { return IsRetryable(err) }

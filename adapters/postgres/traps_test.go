@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -181,7 +181,7 @@ func TestOrderedCompetingConsumers(t *testing.T) {
 		subs = append(subs, e.sub("t", "s", policy.Ordered, &postgres.Options{PollInterval: 20 * time.Millisecond, MaxBatch: 20}))
 	}
 	for r := range perKey {
-		var batch []*adapters.Message
+		var batch []*driver.Message
 		for k := range keys {
 			batch = append(batch, msg("k"+strconv.Itoa(k), fmt.Sprintf("%d", r)))
 		}
@@ -223,7 +223,7 @@ func TestOrderedCompetingConsumers(t *testing.T) {
 						records[m.Key] = append(records[m.Key], r)
 						mu.Unlock()
 						if r.ok {
-							if err := s.Ack(ctx, []*adapters.Message{m}); err != nil {
+							if err := s.Ack(ctx, []*driver.Message{m}); err != nil {
 								t.Error(err)
 								return
 							}

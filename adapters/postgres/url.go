@@ -11,11 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
-// Schemes registered on adapters.DefaultMux.
+// Schemes registered on driver.DefaultMux.
 const (
 	Scheme     = "postgres"
 	SchemeAlt  = "postgresql"
@@ -38,9 +38,9 @@ func init() {
 		names = append(names, p)
 	}
 	for _, s := range []string{Scheme, SchemeAlt} {
-		adapters.RegisterParams(s, adapters.Params{Names: names, Secret: []string{"sslpassword"}})
-		adapters.DefaultMux().RegisterTopic(s, o)
-		adapters.DefaultMux().RegisterSubscription(s, o)
+		driver.RegisterParams(s, driver.Params{Names: names, Secret: []string{"sslpassword"}})
+		driver.DefaultMux().RegisterTopic(s, o)
+		driver.DefaultMux().RegisterSubscription(s, o)
 	}
 }
 
@@ -66,13 +66,13 @@ type URLOpener struct {
 }
 
 // OpenTopicURL opens the topic named by the topic parameter.
-func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	opts, topic, _, conn, err := o.parse(u)
 	if err != nil {
 		return nil, err
 	}
 	if topic == "" {
-		return nil, adapters.BadParam(u, paramTopic, "is required")
+		return nil, driver.BadParam(u, paramTopic, "is required")
 	}
 	pool, err := newPool(ctx, u, conn)
 	if err != nil {
@@ -89,16 +89,16 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 
 // OpenSubscriptionURL opens the subscription named by the topic and
 // subscription parameters.
-func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	opts, topic, sub, conn, err := o.parse(u)
 	if err != nil {
 		return nil, err
 	}
 	if topic == "" {
-		return nil, adapters.BadParam(u, paramTopic, "is required")
+		return nil, driver.BadParam(u, paramTopic, "is required")
 	}
 	if sub == "" {
-		return nil, adapters.BadParam(u, paramSub, "is required")
+		return nil, driver.BadParam(u, paramSub, "is required")
 	}
 	pool, err := newPool(ctx, u, conn)
 	if err != nil {
@@ -124,7 +124,7 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 	if c.Subscription != nil {
 		so = *c.Subscription
 	}
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return nil, "", "", "", err
 	}
@@ -171,7 +171,7 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 			switch {
 			case connParams[name]:
 				pass.Set(name, v)
-			case adapters.IsSensitiveParam(name):
+			case driver.IsSensitiveParam(name):
 				// Only sslpassword is a secret pgx reads from the query;
 				// a password belongs in the userinfo (pgx would also
 				// read ?password=, but keyorder passes on only
@@ -182,13 +182,13 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 			}
 		}
 		if perr != nil {
-			return nil, "", "", "", adapters.BadParam(u, name, perr.Error())
+			return nil, "", "", "", driver.BadParam(u, name, perr.Error())
 		}
 	}
 	c.Subscription = &so
 	opts = c.WithDefaults()
 	if err := opts.validate(); err != nil {
-		return nil, "", "", "", &adapters.URLError{URL: adapters.Redact(u), Err: err}
+		return nil, "", "", "", &driver.URLError{URL: driver.Redact(u), Err: err}
 	}
 	cu := *u
 	cu.Scheme = Scheme
@@ -202,7 +202,7 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 func poolConfig(u *url.URL, conn string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(conn)
 	if err != nil {
-		return nil, adapters.BadURL(u, "not a valid PostgreSQL connection URL")
+		return nil, driver.BadURL(u, "not a valid PostgreSQL connection URL")
 	}
 	return cfg, nil
 }
@@ -214,10 +214,10 @@ func newPool(ctx context.Context, u *url.URL, conn string) (*pgxpool.Pool, error
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, &adapters.URLError{URL: adapters.Redact(u), Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
+		return nil, &driver.URLError{URL: driver.Redact(u), Err: fmt.Errorf("%w: %v", keyorder.ErrBadURL, err)}
 	}
 	return pool, nil
 }
 
-// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+// ErrorCode classifies the errors of the opener (driver.ErrorCoder).
 func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return ErrorCode(err) }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/urlfuzz"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -75,8 +75,8 @@ func TestURLSecretParams(t *testing.T) {
 		"host=localhost port=5432 user=app password=s3cr3t dbname=app",
 		"password=s3cr3t host=db:5432",
 	} {
-		_, terr := adapters.DefaultMux().OpenTopic(ctx, dsn)
-		_, serr := adapters.DefaultMux().OpenSubscription(ctx, dsn)
+		_, terr := driver.DefaultMux().OpenTopic(ctx, dsn)
+		_, serr := driver.DefaultMux().OpenSubscription(ctx, dsn)
 		for _, err := range []error{terr, serr} {
 			if !errors.Is(err, keyorder.ErrBadURL) || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "not a URL") {
 				t.Errorf("DSN %q: %v, want ErrBadURL saying it is not a URL, without the secret", dsn, err)

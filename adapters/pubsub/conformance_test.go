@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pubsub"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 	"github.com/keyorder/keyorder/integration/testenv"
 )
@@ -61,7 +61,7 @@ func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec in
 	t.Cleanup(func() { topic.Close() })
 	return &integration.Pair{
 		Topic: topic,
-		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return pubsub.OpenSubscriptionDriver(ctx, client, subID, opts)
 		},
 	}, nil

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // FuzzEncodeDecode: a message Validate accepts is converted, marshalled to
@@ -25,11 +25,11 @@ func FuzzEncodeDecode(f *testing.F) {
 	f.Add("id", "k", []byte("p"), "a", "\xff")
 	lim := (&Topic{}).Limits()
 	f.Fuzz(func(t *testing.T, id, key string, payload []byte, hname, hval string) {
-		m := &adapters.Message{ID: id, Key: key, Payload: payload}
+		m := &driver.Message{ID: id, Key: key, Payload: payload}
 		if hname != "" {
 			m.Headers = map[string]string{hname: hval}
 		}
-		if err := adapters.Validate(lim, m); err != nil {
+		if err := driver.Validate(lim, m); err != nil {
 			if !errors.As(err, new(*keyorder.LimitError)) {
 				t.Fatalf("Validate: %v, want a LimitError", err)
 			}

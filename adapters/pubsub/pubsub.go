@@ -3,7 +3,7 @@
 // Pub/Sub ordering key (Message.OrderingKey), never as an attribute.
 //
 // Importing the package registers the pubsub URL scheme on
-// adapters.DefaultMux. The client library honours PUBSUB_EMULATOR_HOST, so
+// driver.DefaultMux. The client library honours PUBSUB_EMULATOR_HOST, so
 // the same URLs reach Google's emulator.
 //
 // # URLs
@@ -120,7 +120,7 @@
 // The other way round, a process that dies holding several messages of a
 // key gets every one of them redelivered with the service's count raised,
 // though under Ordered only the first can have been running: the others
-// arrive with an Attempt one higher than their runs (adapters.Message.Attempt
+// arrive with an Attempt one higher than their runs (driver.Message.Attempt
 // counts runs; the driver cannot tell which one ran).
 package pubsub
 
@@ -141,7 +141,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -416,26 +416,26 @@ type URLOpener struct {
 }
 
 func init() {
-	adapters.RegisterParams(Scheme, adapters.Params{
+	driver.RegisterParams(Scheme, driver.Params{
 		Names: []string{"subscription", "ordering", "lease", "max_batch", "max_attempts"},
 		Deprecated: map[string]string{
 			"ackdeadline": "lease", "maxbatch": "max_batch", "maxdeliveryattempts": "max_attempts",
 		},
 	})
-	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
-	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
 }
 
 func projectAndTopic(u *url.URL) (string, string, error) {
 	project, topic := u.Host, strings.TrimPrefix(u.Path, "/")
 	if u.User != nil || u.Opaque != "" || u.Port() != "" {
-		return "", "", adapters.BadURL(u, "want pubsub://project/topic")
+		return "", "", driver.BadURL(u, "want pubsub://project/topic")
 	}
 	if project == "" {
-		return "", "", adapters.BadParam(u, "host", "missing project (pubsub://project/topic)")
+		return "", "", driver.BadParam(u, "host", "missing project (pubsub://project/topic)")
 	}
 	if topic == "" || strings.Contains(topic, "/") {
-		return "", "", adapters.BadParam(u, "path", "want one topic ID (pubsub://project/topic)")
+		return "", "", driver.BadParam(u, "path", "want one topic ID (pubsub://project/topic)")
 	}
 	return project, topic, nil
 }
@@ -446,12 +446,12 @@ func parseTopicURL(u *url.URL) (project, topic string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return "", "", err
 	}
 	for _, p := range ps {
-		return "", "", adapters.BadParam(u, p.Name, "unknown parameter (a topic URL takes none)")
+		return "", "", driver.BadParam(u, p.Name, "unknown parameter (a topic URL takes none)")
 	}
 	return project, topic, nil
 }
@@ -468,7 +468,7 @@ func withCtx(ctx context.Context, err error) error {
 }
 
 // OpenTopicURL opens pubsub://project/topic, creating the topic if needed.
-func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	t, err := o.openTopicURL(ctx, u)
 	if err != nil {
 		return nil, withCtx(ctx, err)
@@ -476,7 +476,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 	return t, nil
 }
 
-func (o *URLOpener) openTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) openTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	project, topic, err := parseTopicURL(u)
 	if err != nil {
 		return nil, err
@@ -505,7 +505,7 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 		return
 	}
 	opts.Ordering = policy.Ordered
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return
 	}
@@ -542,19 +542,19 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 			perr = errors.New("unknown parameter")
 		}
 		if perr != nil {
-			err = adapters.BadParam(u, p, perr.Error())
+			err = driver.BadParam(u, p, perr.Error())
 			return
 		}
 	}
 	if sub == "" {
-		err = adapters.BadParam(u, "subscription", "required")
+		err = driver.BadParam(u, "subscription", "required")
 	}
 	return
 }
 
 // OpenSubscriptionURL opens pubsub://project/topic?subscription=name&...,
 // creating the topic and the subscription if needed.
-func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	s, err := o.openSubscriptionURL(ctx, u)
 	if err != nil {
 		return nil, withCtx(ctx, err)
@@ -562,7 +562,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	return s, nil
 }
 
-func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	project, topic, sub, opts, err := parseSubscriptionURL(u)
 	if err != nil {
 		return nil, err
@@ -591,5 +591,5 @@ func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (adapte
 	return s, nil
 }
 
-// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+// ErrorCode classifies the errors of the opener (driver.ErrorCoder).
 func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pubsub"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -36,12 +36,12 @@ func TestBadURLParameters(t *testing.T) {
 		"pubsub:///topic?subscription=s",
 		"pubsub://proj/a/b?subscription=s",
 	} {
-		if _, err := adapters.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenSubscription(%s) = %v, want ErrBadURL", u, err)
 		}
 	}
 	for _, u := range []string{"pubsub://proj/topic?subscription=s", "pubsub://proj", "pubsub:///topic"} {
-		if _, err := adapters.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenTopic(%s) = %v, want ErrBadURL", u, err)
 		}
 	}
@@ -64,7 +64,7 @@ func TestURLOpenerCreatesAndKeepsOrdering(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=ordered&max_batch=5")
+	drv, err := driver.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=ordered&max_batch=5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,12 +73,12 @@ func TestURLOpenerCreatesAndKeepsOrdering(t *testing.T) {
 		t.Fatalf("capabilities %+v", c)
 	}
 	// Opening it again with the same ordering works; with another fails.
-	again, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply")
+	again, err := driver.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply")
 	if err != nil {
 		t.Fatalf("reopen: %v", err)
 	}
 	again.Close()
-	_, err = adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=parallel")
+	_, err = driver.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply&ordering=parallel")
 	if !errors.Is(err, pubsub.ErrOrderingMismatch) || !errors.Is(err, keyorder.ErrFailedPrecondition) || keyorder.Code(err) != keyorder.CodeFailedPrecondition {
 		t.Fatalf("reopen with parallel = %v, want ErrOrderingMismatch", err)
 	}
@@ -179,7 +179,7 @@ func TestOrderingKeyCarriedNatively(t *testing.T) {
 		t.Fatalf("attributes %v", m.Attributes)
 	}
 	// Reserved attribute names are refused.
-	err = topic.SendBatch(context.Background(), []*adapters.Message{{Key: "k", Payload: []byte("x"), Headers: map[string]string{pubsub.AttrID: "forged"}}})
+	err = topic.SendBatch(context.Background(), []*driver.Message{{Key: "k", Payload: []byte("x"), Headers: map[string]string{pubsub.AttrID: "forged"}}})
 	if err == nil || topic.ErrorCode(err) != keyorder.CodeInvalidArgument {
 		t.Fatalf("reserved header: %v", err)
 	}
@@ -189,7 +189,7 @@ func TestDeadLetterTopicGetsReason(t *testing.T) {
 	_, topic, sub, subID := rawSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := topic.SendBatch(ctx, []*adapters.Message{{ID: "101", Key: "acct-42", Payload: []byte("-500"), Headers: map[string]string{"h": "v"}}}); err != nil {
+	if err := topic.SendBatch(ctx, []*driver.Message{{ID: "101", Key: "acct-42", Payload: []byte("-500"), Headers: map[string]string{"h": "v"}}}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := sub.Receive(ctx, 1)
@@ -243,7 +243,7 @@ func TestFailedPublishResumesKeyInClient(t *testing.T) {
 	}
 	defer topic.Close()
 	send := func() error {
-		return topic.SendBatch(ctx, []*adapters.Message{{ID: "1", Key: "k", Payload: []byte("x")}, {ID: "2", Key: "k", Payload: []byte("y")}})
+		return topic.SendBatch(ctx, []*driver.Message{{ID: "1", Key: "k", Payload: []byte("x")}, {ID: "2", Key: "k", Payload: []byte("y")}})
 	}
 	err = send() // the topic does not exist yet
 	if err == nil || topic.ErrorCode(err) != keyorder.CodeNotFound || topic.IsRetryable(err) {
@@ -266,7 +266,7 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 	_, topic, sub, _ := rawSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := topic.SendBatch(ctx, []*adapters.Message{{ID: "a1", Key: "A", Payload: []byte("a1")}, {ID: "a2", Key: "A", Payload: []byte("a2")}}); err != nil {
+	if err := topic.SendBatch(ctx, []*driver.Message{{ID: "a1", Key: "A", Payload: []byte("a1")}, {ID: "a2", Key: "A", Payload: []byte("a2")}}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := sub.Receive(ctx, 1)
@@ -295,7 +295,7 @@ func TestURLOpenerReturnsCreationError(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	t.Setenv("PUBSUB_EMULATOR_HOST", srv.Addr)
 	ctx := context.Background()
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply")
+	drv, err := driver.DefaultMux().OpenSubscription(ctx, "pubsub://"+project+"/ledger?subscription=apply")
 	if err == nil {
 		drv.Close()
 		t.Fatal("Open succeeded although the subscription could not be created")

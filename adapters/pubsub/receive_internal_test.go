@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -130,11 +130,11 @@ func receiveSetup(t *testing.T, client *gpubsub.Client) (*Subscription, func(ids
 
 // receiveWithin receives until the messages with these IDs have all come,
 // failing after d (far less than the subscription's 60s ack deadline).
-func receiveWithin(t *testing.T, sub *Subscription, d time.Duration, ids ...string) []*adapters.Message {
+func receiveWithin(t *testing.T, sub *Subscription, d time.Duration, ids ...string) []*driver.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	var got []*adapters.Message
+	var got []*driver.Message
 	for len(got) < len(ids) {
 		ms, err := sub.Receive(ctx, 10)
 		if err != nil {
@@ -148,7 +148,7 @@ func receiveWithin(t *testing.T, sub *Subscription, d time.Duration, ids ...stri
 	return got
 }
 
-func msgIDs(ms []*adapters.Message) []string {
+func msgIDs(ms []*driver.Message) []string {
 	var ids []string
 	for _, m := range ms {
 		ids = append(ids, m.ID)
@@ -169,7 +169,7 @@ func TestReceiveStopHandsBackWhatAPullInFlightBrings(t *testing.T) {
 			sp.hold.Store(int64(shutdownGrace / 2))
 			ctx, cancel := context.WithCancel(context.Background())
 			type result struct {
-				ms  []*adapters.Message
+				ms  []*driver.Message
 				err error
 			}
 			done := make(chan result, 1)
@@ -206,7 +206,7 @@ func TestReceiveStopWithPullInFlightLosesNothing(t *testing.T) {
 			sub, publish := receiveSetup(t, srv.client(t, &slowPull{}))
 			for i := range 3 {
 				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan []*adapters.Message, 1)
+				done := make(chan []*driver.Message, 1)
 				go func() {
 					ms, err := sub.Receive(ctx, 10)
 					if err != nil && !errors.Is(err, context.Canceled) {
@@ -218,7 +218,7 @@ func TestReceiveStopWithPullInFlightLosesNothing(t *testing.T) {
 				cancel()
 				id := fmt.Sprint("m", i)
 				publish(id)
-				var late []*adapters.Message
+				var late []*driver.Message
 				select {
 				case late = <-done:
 				case <-time.After(pullWait + 10*time.Second):
@@ -398,7 +398,7 @@ func TestReceiveTreatsPullDeadlineAsEmpty(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			done := make(chan error, 1)
-			var got []*adapters.Message
+			var got []*driver.Message
 			go func() {
 				var err error
 				got, err = sub.Receive(ctx, 10)

@@ -17,11 +17,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
-// subscriptionDriver is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the driver.Subscription driver of one consumer of a
 // Pub/Sub subscription. It long-polls with the unary Pull RPC and keeps
 // each message's ack deadline itself (see the package documentation).
 type subscriptionDriver struct {
@@ -49,8 +49,8 @@ type subscriptionDriver struct {
 }
 
 var (
-	_ adapters.Subscription    = (*subscriptionDriver)(nil)
-	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.Subscription    = (*subscriptionDriver)(nil)
+	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 // delivery is a received message's AckID.
@@ -141,7 +141,7 @@ const (
 // their ack deadline passes (on Google's emulator behind their key's
 // later messages). The grace, the Pull's whole deadline, makes that rare:
 // the emulator answers every Pull within about pullWait minus a second.
-func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
 	}
@@ -187,7 +187,7 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 // pullOnce sends one Pull and converts its answer. After Close it returns
 // errClosed, handing back what a Pull in flight brought; Close waits for
 // that before closing the client.
-func (s *subscriptionDriver) pullOnce(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) pullOnce(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -199,13 +199,13 @@ func (s *subscriptionDriver) pullOnce(ctx context.Context, maxMessages int) ([]*
 	sent := time.Now()
 	rms, err := s.pull(ctx, maxMessages)
 	answered := time.Now()
-	var out []*adapters.Message
+	var out []*driver.Message
 	if len(rms) > 0 {
-		out = make([]*adapters.Message, 0, len(rms))
+		out = make([]*driver.Message, 0, len(rms))
 		for _, rm := range rms {
 			out = append(out, s.fromPubSub(rm, sent, answered))
 		}
-		slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+		slices.SortStableFunc(out, func(a, b *driver.Message) int { return a.PublishTime.Compare(b.PublishTime) })
 	}
 	if s.isClosed() {
 		if len(out) > 0 {
@@ -258,7 +258,7 @@ func (s *subscriptionDriver) isClosed() bool {
 }
 
 // releaseOnClose hands back messages a Pull brought after Close began.
-func (s *subscriptionDriver) releaseOnClose(ms []*adapters.Message) {
+func (s *subscriptionDriver) releaseOnClose(ms []*driver.Message) {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := s.modify(ctx, ms, 0); err != nil {
@@ -270,7 +270,7 @@ func (s *subscriptionDriver) releaseOnClose(ms []*adapters.Message) {
 // fromPubSub converts a pulled message. Its lease is counted from when the
 // service may have leased it at the earliest: when the Pull was sent, or
 // leaseSlack before its answer arrived if the Pull waited longer than that.
-func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered time.Time) *adapters.Message {
+func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answered time.Time) *driver.Message {
 	pm := rm.GetMessage()
 	m := s.fromMessage(pm)
 	leased := sent
@@ -287,8 +287,8 @@ func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answ
 // driver's attributes become ID and NotBefore, the rest Headers. A
 // not-before attribute that does not parse (not written by keyorder) is
 // logged and ignored: the message is delivered without a delay.
-func (s *subscriptionDriver) fromMessage(pm *pubsubpb.PubsubMessage) *adapters.Message {
-	m := &adapters.Message{
+func (s *subscriptionDriver) fromMessage(pm *pubsubpb.PubsubMessage) *driver.Message {
+	m := &driver.Message{
 		ID:          pm.GetMessageId(),
 		Key:         pm.GetOrderingKey(),
 		Payload:     pm.GetData(),
@@ -316,7 +316,7 @@ func (s *subscriptionDriver) fromMessage(pm *pubsubpb.PubsubMessage) *adapters.M
 	return m
 }
 
-func ackIDs(ms []*adapters.Message) ([]string, []*delivery, error) {
+func ackIDs(ms []*driver.Message) ([]string, []*delivery, error) {
 	ids := make([]string, 0, len(ms))
 	ds := make([]*delivery, 0, len(ms))
 	for _, m := range ms {
@@ -335,7 +335,7 @@ func ackIDs(ms []*adapters.Message) ([]string, []*delivery, error) {
 const maxAckIDsPerRequest = 1000
 
 // Ack acknowledges ms.
-func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
 	ids, _, err := ackIDs(ms)
 	if err != nil {
 		return err
@@ -351,8 +351,8 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) er
 // Nack is not used: the driver declares no native hold, and the subscribe
 // package never asks Pub/Sub to redeliver a failed message. It returns the
 // message at once regardless of delay (ModifyAckDeadline 0), as Release does.
-func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
-	return s.Release(ctx, []*adapters.Message{m})
+func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	return s.Release(ctx, []*driver.Message{m})
 }
 
 // Release returns ms to Pub/Sub (ModifyAckDeadline 0) in one request, in
@@ -362,11 +362,11 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, dela
 // acknowledged. Google's emulator instead queues released messages for
 // redelivery in the order they were released, behind the key's messages
 // never delivered yet (see the package documentation).
-func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
 	return s.modify(ctx, ms, 0)
 }
 
-func (s *subscriptionDriver) modify(ctx context.Context, ms []*adapters.Message, d time.Duration) error {
+func (s *subscriptionDriver) modify(ctx context.Context, ms []*driver.Message, d time.Duration) error {
 	ids, _, err := ackIDs(ms)
 	if err != nil {
 		return err
@@ -386,15 +386,15 @@ func (s *subscriptionDriver) modify(ctx context.Context, ms []*adapters.Message,
 // was sent is reported lost instead: Pub/Sub may have redelivered it (the
 // service accepts a late ModifyAckDeadline silently, so the driver keeps
 // the deadline it last obtained for each message).
-func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	_, ds, err := ackIDs(ms)
 	if err != nil {
 		return nil, err
 	}
 	sent := time.Now()
-	var live []*adapters.Message
+	var live []*driver.Message
 	var liveD []*delivery
-	var lost []*adapters.Message
+	var lost []*driver.Message
 	for i, d := range ds {
 		d.mu.Lock()
 		expired := !sent.Before(d.deadline)
@@ -463,8 +463,8 @@ func publishWait(ctx context.Context, p *gpubsub.Publisher, m *gpubsub.Message) 
 // 1024-byte attribute limit), keyorder-attempts and keyorder-dead-at; then
 // acknowledges it. If the acknowledgement fails, m may be dead-lettered
 // twice.
-func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
-	pm, err := toPubSub(&adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	pm, err := toPubSub(&driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
 	if err != nil {
 		return err
 	}
@@ -478,13 +478,13 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message
 	if err := publishWait(ctx, dead, pm); err != nil {
 		return fmt.Errorf("pubsub: dead-letter to %s: %w", s.deadTopic, err)
 	}
-	return s.Ack(ctx, []*adapters.Message{m})
+	return s.Ack(ctx, []*driver.Message{m})
 }
 
 // Capabilities: the subscription's policy, no native hold, the
 // subscription's ack deadline as lease.
-func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{
+func (s *subscriptionDriver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
 		Ordering:      s.ordering,
 		NativeHold:    false,
 		LeaseDuration: s.lease,
@@ -584,10 +584,10 @@ func (s *subscriptionDriver) releaseDead(rms []*pubsubpb.ReceivedMessage) {
 	}
 }
 
-func (s *subscriptionDriver) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters.DeadLetter {
+func (s *subscriptionDriver) deadLetterOf(rm *pubsubpb.ReceivedMessage) driver.DeadLetter {
 	pm := rm.GetMessage()
 	m := s.fromMessage(pm)
-	dl := adapters.DeadLetter{DeadAt: m.PublishTime}
+	dl := driver.DeadLetter{DeadAt: m.PublishTime}
 	for _, k := range []string{AttrReason, AttrAttempts, AttrDeadAt} {
 		v, ok := m.Headers[k]
 		if !ok {
@@ -625,13 +625,13 @@ func (s *subscriptionDriver) deadLetterOf(rm *pubsubpb.ReceivedMessage) adapters
 // oldest first. It pulls them and returns them to the subscription at once
 // (ModifyAckDeadline 0), so it sees only letters no other call is holding,
 // and a listing racing another reader may miss some.
-func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	rms, err := s.pullDead(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer s.releaseDead(rms)
-	var out []adapters.DeadLetter
+	var out []driver.DeadLetter
 	for _, rm := range rms {
 		if limit > 0 && len(out) >= limit {
 			break
@@ -684,5 +684,5 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 	return n, nil
 }
 
-// Name returns the subscription's ID (adapters.Namer).
+// Name returns the subscription's ID (driver.Namer).
 func (s *subscriptionDriver) Name() string { return shortID(s.name) }

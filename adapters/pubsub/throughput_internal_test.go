@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -32,7 +32,7 @@ import (
 // driver against, in the same run on the same server.
 type polling struct{ *Subscription }
 
-func (s polling) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s polling) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.maxBatch {
 		maxMessages = s.maxBatch
 	}
@@ -54,11 +54,11 @@ func (s polling) Receive(ctx context.Context, maxMessages int) ([]*adapters.Mess
 			return nil, err
 		}
 		if len(resp.ReceivedMessages) > 0 {
-			out := make([]*adapters.Message, 0, len(resp.ReceivedMessages))
+			out := make([]*driver.Message, 0, len(resp.ReceivedMessages))
 			for _, rm := range resp.ReceivedMessages {
 				out = append(out, s.fromPubSub(rm, sent, sent))
 			}
-			slices.SortStableFunc(out, func(a, b *adapters.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+			slices.SortStableFunc(out, func(a, b *driver.Message) int { return a.PublishTime.Compare(b.PublishTime) })
 			return out, nil
 		}
 		select {
@@ -178,7 +178,7 @@ func consumeRound(t *testing.T, client *gpubsub.Client, n int, old bool) float64
 	if err != nil {
 		t.Fatal(err)
 	}
-	var drv adapters.Subscription = sub
+	var drv driver.Subscription = sub
 	if old {
 		drv = polling{sub}
 	}
@@ -283,7 +283,7 @@ func idleRound(t *testing.T, client *gpubsub.Client, n int, old bool) []time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	var drv adapters.Subscription = sub
+	var drv driver.Subscription = sub
 	if old {
 		drv = polling{sub}
 	}

@@ -11,12 +11,12 @@ import (
 	gpubsub "cloud.google.com/go/pubsub/v2"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 var errBadHeader = errors.New("pubsub: invalid header")
 
-// topicDriver is the adapters.Topic driver of a Pub/Sub topic.
+// topicDriver is the driver.Topic driver of a Pub/Sub topic.
 type topicDriver struct {
 	client    *gpubsub.Client
 	pub       *gpubsub.Publisher
@@ -24,7 +24,7 @@ type topicDriver struct {
 	log       *slog.Logger
 }
 
-var _ adapters.Topic = (*topicDriver)(nil)
+var _ driver.Topic = (*topicDriver)(nil)
 
 // openTopic returns a publishing driver for topicID (an ID in the client's
 // project or a full projects/p/topics/t name). The topic must exist (see
@@ -52,7 +52,7 @@ func openTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts
 
 // toPubSub converts a driver message, carrying the key natively and the ID
 // and not-before time in attributes.
-func toPubSub(m *adapters.Message) (*gpubsub.Message, error) {
+func toPubSub(m *driver.Message) (*gpubsub.Message, error) {
 	attrs := make(map[string]string, len(m.Headers)+2)
 	for k, v := range m.Headers {
 		if strings.HasPrefix(k, AttrPrefix) {
@@ -80,7 +80,7 @@ func toPubSub(m *adapters.Message) (*gpubsub.Message, error) {
 // owns pausing (it pauses the key itself and lets the application resume
 // it), so SendBatch resumes the key in the client library before it returns
 // the error: the library's pause never outlives the batch that caused it.
-func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -115,8 +115,8 @@ func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) err
 // Limits returns Pub/Sub's limits: keys of at most 1024 bytes of UTF-8,
 // payloads of MaxPayloadBytes (the 10 MB request limit less room for
 // attributes and the key), 1000 messages per batch.
-func (t *topicDriver) Limits() adapters.Limits {
-	return adapters.Limits{
+func (t *topicDriver) Limits() driver.Limits {
+	return driver.Limits{
 		Backend:          "pubsub",
 		MaxKeyBytes:      MaxKeyBytes,
 		KeyUTF8:          true,

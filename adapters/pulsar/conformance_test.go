@@ -12,8 +12,8 @@ import (
 	gopulsar "github.com/apache/pulsar-client-go/pulsar"
 	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pulsar"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 	"github.com/keyorder/keyorder/integration/testenv"
 )
@@ -62,7 +62,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	t.Cleanup(func() { topic.Close() })
 	return &integration.Pair{
 		Topic: topic,
-		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			c := newClient(t)
 			return pulsar.OpenSubscriptionDriver(ctx, c, topicName, "s", opts)
 		},

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pulsar"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -131,12 +131,12 @@ func (f *inFlight) noteLocked(key, format string, args ...any) {
 // it receives, so that a failure tells the broker's delivery order apart
 // from the order the process ran them in.
 type tracing struct {
-	adapters.Subscription
+	driver.Subscription
 	f    *inFlight
 	name string
 }
 
-func (d tracing) Receive(ctx context.Context, max int) ([]*adapters.Message, error) {
+func (d tracing) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	ms, err := d.Subscription.Receive(ctx, max)
 	d.f.mu.Lock()
 	defer d.f.mu.Unlock()
@@ -347,7 +347,7 @@ func TestConsumersJoinAndLeave(t *testing.T) {
 	f := newInFlight()
 	type proc struct {
 		sub    *subscribe.Subscriber
-		drv    adapters.Subscription
+		drv    driver.Subscription
 		cancel context.CancelFunc
 		done   chan struct{}
 	}

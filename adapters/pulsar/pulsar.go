@@ -3,7 +3,7 @@
 // Pulsar message key and ordering key, never as a property.
 //
 // Importing the package registers the pulsar URL scheme on
-// adapters.DefaultMux.
+// driver.DefaultMux.
 //
 // # URLs
 //
@@ -77,7 +77,7 @@
 // key's first unsettled one: nothing behind it runs before it is done), so
 // that the broker counts the attempt, then closes the consumer, so that the
 // broker moves its keys to another consumer, and the other messages come
-// back with their count unchanged (adapters.Message.Attempt). It
+// back with their count unchanged (driver.Message.Attempt). It
 // reports every message of the closed consumer lost, and resubscribes on the
 // next Receive. The driver uses no ack timeout (the Go client has none).
 //

@@ -15,8 +15,8 @@ import (
 	gopulsar "github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/pulsar"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -54,7 +54,7 @@ func (r *seen) get() []string {
 }
 
 // runSubscriber runs a subscriber on drv until the test ends.
-func runSubscriber(t *testing.T, drv adapters.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *subscribe.Subscriber {
+func runSubscriber(t *testing.T, drv driver.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *subscribe.Subscriber {
 	t.Helper()
 	sub, err := subscribe.New(drv, cfg)
 	if err != nil {
@@ -199,7 +199,7 @@ func TestDefaultBatcherNeverUsed(t *testing.T) {
 		}
 		tp.Close()
 	}
-	if _, err := adapters.DefaultMux().OpenTopic(ctx, brokerURL(t, "/public/default/x?batching=default")); !errors.Is(err, keyorder.ErrBadURL) {
+	if _, err := driver.DefaultMux().OpenTopic(ctx, brokerURL(t, "/public/default/x?batching=default")); !errors.Is(err, keyorder.ErrBadURL) {
 		t.Errorf("batching=default: %v, want ErrBadURL", err)
 	}
 }
@@ -224,7 +224,7 @@ func TestBadURLParameters(t *testing.T) {
 		"pulsar://h:6650/public/default?subscription=s",
 		"pulsar:///public/default/t?subscription=s",
 	} {
-		if _, err := adapters.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenSubscription(%s) = %v, want ErrBadURL", u, err)
 		}
 	}
@@ -233,12 +233,12 @@ func TestBadURLParameters(t *testing.T) {
 		"pulsar://h:6650/public/default/t?colour=blue",
 		"pulsar://h:6650/t",
 	} {
-		if _, err := adapters.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenTopic(%s) = %v, want ErrBadURL", u, err)
 		}
 	}
 	// Secrets never reach the error.
-	_, err := adapters.DefaultMux().OpenSubscription(ctx, "pulsar://user:hunter2@h:6650/public/default/t?subscription=s&token=SECRETJWT&colour=blue")
+	_, err := driver.DefaultMux().OpenSubscription(ctx, "pulsar://user:hunter2@h:6650/public/default/t?subscription=s&token=SECRETJWT&colour=blue")
 	if err == nil || strings.Contains(err.Error(), "SECRETJWT") || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("error leaks a secret: %v", err)
 	}
@@ -334,7 +334,7 @@ func TestURLOpener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(ctx)
-	drv, err := adapters.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=apply&ordering=ordered&receiver_queue=10&max_batch=5&lease=5s&admin="+admin))
+	drv, err := driver.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=apply&ordering=ordered&receiver_queue=10&max_batch=5&lease=5s&admin="+admin))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestURLOpener(t *testing.T) {
 	if c := drv.Capabilities(); c.Ordering != policy.Ordered || c.NativeHold || c.LeaseDuration != 5*time.Second || c.MaxBatch != 5 {
 		t.Fatalf("capabilities %+v", c)
 	}
-	sticky, err := adapters.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=sticky&sticky=0-65535"))
+	sticky, err := driver.DefaultMux().OpenSubscription(ctx, brokerURL(t, path+"?subscription=sticky&sticky=0-65535"))
 	if err != nil {
 		t.Fatalf("sticky: %v", err)
 	}
@@ -380,7 +380,7 @@ func TestDeadLetterTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer topic.Close()
-	if err := topic.SendBatch(ctx, []*adapters.Message{{ID: "m1", Key: "acct-42", Payload: []byte("p"), Headers: map[string]string{"h": "v"}}}); err != nil {
+	if err := topic.SendBatch(ctx, []*driver.Message{{ID: "m1", Key: "acct-42", Payload: []byte("p"), Headers: map[string]string{"h": "v"}}}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := drv.Receive(ctx, 1)

@@ -13,7 +13,7 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -104,7 +104,7 @@ func (d *delivery) lost() bool {
 	}
 }
 
-// subscriptionDriver is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the driver.Subscription driver of one consumer of a
 // Pulsar subscription (see the package documentation for leases).
 type subscriptionDriver struct {
 	client    pulsar.Client
@@ -126,8 +126,8 @@ type subscriptionDriver struct {
 }
 
 var (
-	_ adapters.Subscription    = (*subscriptionDriver)(nil)
-	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.Subscription    = (*subscriptionDriver)(nil)
+	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 // DeadLetterTopic returns the dead-letter topic of subscription sub on
@@ -233,7 +233,7 @@ func (s *subscriptionDriver) current() (*generation, error) {
 // Receive waits for at least one message or ctx, and returns at most
 // maxMessages of those the client has prefetched, in arrival order (a key's
 // messages arrive in key order).
-func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
 		maxMessages = s.opts.MaxBatch
 	}
@@ -251,7 +251,7 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 			continue
 		case first = <-ch:
 		}
-		out := []*adapters.Message{s.track(g, first.Message)}
+		out := []*driver.Message{s.track(g, first.Message)}
 	more:
 		for len(out) < maxMessages {
 			select {
@@ -265,7 +265,7 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*a
 	}
 }
 
-func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *adapters.Message {
+func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *driver.Message {
 	m := fromMessage(pm)
 	d := &delivery{id: pm.ID(), gen: g, key: m.Key, deadline: time.Now().Add(s.opts.Lease)}
 	m.AckID = d
@@ -281,8 +281,8 @@ func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *adapters.M
 
 // fromMessage converts a Pulsar message: its key becomes Key, the reserved
 // properties ID and NotBefore, the rest Headers.
-func fromMessage(pm pulsar.Message) *adapters.Message {
-	m := &adapters.Message{Key: pm.Key(), Payload: pm.Payload(), PublishTime: pm.PublishTime()}
+func fromMessage(pm pulsar.Message) *driver.Message {
+	m := &driver.Message{Key: pm.Key(), Payload: pm.Payload(), PublishTime: pm.PublishTime()}
 	if k := pm.OrderingKey(); k != "" {
 		m.Key = k
 	}
@@ -310,7 +310,7 @@ func fromMessage(pm pulsar.Message) *adapters.Message {
 
 // position is a message's place in its topic (a batch member included),
 // the same on each of its redeliveries: it is the driver's
-// adapters.Message.Copy.
+// driver.Message.Copy.
 type position struct {
 	ledger, entry    int64
 	partition, batch int32
@@ -326,7 +326,7 @@ func idString(id pulsar.MessageID) string {
 	return fmt.Sprintf("%d:%d:%d:%d", id.LedgerID(), id.EntryID(), id.PartitionIdx(), id.BatchIdx())
 }
 
-func deliveryOf(m *adapters.Message) (*delivery, error) {
+func deliveryOf(m *driver.Message) (*delivery, error) {
 	d, ok := m.AckID.(*delivery)
 	if !ok || d == nil {
 		return nil, fmt.Errorf("pulsar: message %q was not received by this driver", m.ID)
@@ -343,7 +343,7 @@ func (s *subscriptionDriver) untrack(d *delivery) {
 // Ack acknowledges ms (batch members individually: batch index
 // acknowledgment is on). A message whose consumer was given up fails with
 // a lost-consumer error: the broker redelivers it.
-func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
 	ds := make([]*delivery, len(ms))
 	var first error
 	s.mu.Lock()
@@ -379,7 +379,7 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) er
 // Nack negatively acknowledges m: the broker redelivers it after the
 // driver's short nack delay, counting the attempt, but AFTER its key's
 // later messages. The subscribe package never calls it (no native hold).
-func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	d, err := deliveryOf(m)
 	if err != nil {
 		return err
@@ -397,7 +397,7 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, dela
 // broker redelivers them in position order, before their keys' later
 // messages, without counting an attempt. A nack would count one and replay
 // them out of order.
-func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
 	for _, m := range ms {
 		d, err := deliveryOf(m)
 		if err != nil {
@@ -410,9 +410,9 @@ func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message
 
 // ExtendLeases renews the leases of ms and returns those whose consumer
 // the watchdog already gave up (the broker redelivers them).
-func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	now := time.Now()
-	var lost []*adapters.Message
+	var lost []*driver.Message
 	for _, m := range ms {
 		d, err := deliveryOf(m)
 		if err != nil {
@@ -435,7 +435,7 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Me
 // closes it (so the broker moves its keys and redelivers its
 // unacknowledged messages). Under Ordered only a key's first unsettled
 // message may have been running: the later ones come back uncounted
-// (adapters.Message.Attempt).
+// (driver.Message.Attempt).
 func (s *subscriptionDriver) watchdog() {
 	defer s.wg.Done()
 	t := time.NewTicker(max(s.opts.Lease/4, 10*time.Millisecond))
@@ -531,11 +531,11 @@ func (s *subscriptionDriver) producers() (dead, topic pulsar.Producer, err error
 // headers, ID and keyorder-reason, keyorder-attempts and keyorder-dead-at,
 // then acknowledges it. If the acknowledgement fails, m may be
 // dead-lettered twice.
-func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	if _, err := deliveryOf(m); err != nil {
 		return err
 	}
-	pm, err := toProducerMessage(&adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
+	pm, err := toProducerMessage(&driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
 	if err != nil {
 		return err
 	}
@@ -549,13 +549,13 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message
 	if _, err := dead.Send(ctx, pm); err != nil {
 		return fmt.Errorf("pulsar: dead-letter to %s: %w", s.deadTopic, err)
 	}
-	return s.Ack(ctx, []*adapters.Message{m})
+	return s.Ack(ctx, []*driver.Message{m})
 }
 
 // Capabilities: the subscription's policy, no native hold, the driver's
 // lease.
-func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{
+func (s *subscriptionDriver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
 		Ordering:      s.opts.Ordering,
 		NativeHold:    false,
 		LeaseDuration: s.opts.Lease,
@@ -601,14 +601,14 @@ func (s *subscriptionDriver) Close() error {
 
 // readDead reads the whole dead-letter topic: the dead letters not redriven
 // since, oldest first, with the message to republish.
-func (s *subscriptionDriver) readDead(ctx context.Context) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter, error) {
 	r, err := s.client.CreateReader(pulsar.ReaderOptions{Topic: s.deadTopic, StartMessageID: pulsar.EarliestMessageID()})
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: reader of %s: %w", s.deadTopic, err)
 	}
 	defer r.Close()
 	var order []string
-	byID := map[string]adapters.DeadLetter{}
+	byID := map[string]driver.DeadLetter{}
 	for r.HasNext() {
 		pm, err := r.Next(ctx)
 		if err != nil {
@@ -624,7 +624,7 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]adapters.DeadLette
 		}
 		byID[dl.Message.ID] = dl
 	}
-	out := make([]adapters.DeadLetter, 0, len(byID))
+	out := make([]driver.DeadLetter, 0, len(byID))
 	for _, id := range order {
 		if dl, ok := byID[id]; ok {
 			out = append(out, dl)
@@ -634,9 +634,9 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]adapters.DeadLette
 	return out, nil
 }
 
-func deadLetterOf(pm pulsar.Message) adapters.DeadLetter {
+func deadLetterOf(pm pulsar.Message) driver.DeadLetter {
 	m := fromMessage(pm)
-	dl := adapters.DeadLetter{DeadAt: m.PublishTime}
+	dl := driver.DeadLetter{DeadAt: m.PublishTime}
 	for _, k := range []string{PropReason, PropAttempts, PropDeadAt} {
 		v, ok := m.Headers[k]
 		if !ok {
@@ -663,7 +663,7 @@ func deadLetterOf(pm pulsar.Message) adapters.DeadLetter {
 
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
 // first, reading <topic>-<subscription>-dead from its start.
-func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	dls, err := s.readDead(ctx)
 	if err != nil {
 		return nil, err

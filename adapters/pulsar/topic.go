@@ -10,7 +10,7 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // TopicOptions configure a Topic driver. A nil *TopicOptions means defaults.
@@ -68,7 +68,7 @@ func (o *TopicOptions) producerOptions(topic string) (pulsar.ProducerOptions, er
 	return po, nil
 }
 
-// topicDriver is the adapters.Topic driver of a Pulsar topic: one producer.
+// topicDriver is the driver.Topic driver of a Pulsar topic: one producer.
 type topicDriver struct {
 	client    pulsar.Client
 	producer  pulsar.Producer
@@ -76,7 +76,7 @@ type topicDriver struct {
 	ownClient bool
 }
 
-var _ adapters.Topic = (*topicDriver)(nil)
+var _ driver.Topic = (*topicDriver)(nil)
 
 // openTopic returns a publishing driver for topic (a full name,
 // persistent://tenant/namespace/topic, or a short one the client resolves
@@ -154,7 +154,7 @@ func await[T any](ctx context.Context, what string, open func() (T, error), disc
 // toProducerMessage converts a driver message: the key as key and ordering
 // key, the ID and not-before time as reserved properties, headers as
 // properties. Reserved or oversized properties are rejected.
-func toProducerMessage(m *adapters.Message) (*pulsar.ProducerMessage, error) {
+func toProducerMessage(m *driver.Message) (*pulsar.ProducerMessage, error) {
 	props := make(map[string]string, len(m.Headers)+2)
 	size := 0
 	for k, v := range m.Headers {
@@ -182,7 +182,7 @@ func toProducerMessage(m *adapters.Message) (*pulsar.ProducerMessage, error) {
 // share batches of that key only. A failure of any message fails the
 // batch (a prefix may have been sent: the portable layer may send it twice,
 // never lose it).
-func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -223,8 +223,8 @@ func sendAll(ctx context.Context, p pulsar.Producer, pms []*pulsar.ProducerMessa
 // Limits returns the broker's limits as configured: keys of at most
 // MaxKeyBytes, payloads of the broker's maximum message size less
 // MetadataRoom, MaxBatchMessages per batch.
-func (t *topicDriver) Limits() adapters.Limits {
-	return adapters.Limits{
+func (t *topicDriver) Limits() driver.Limits {
+	return driver.Limits{
 		Backend:          "pulsar",
 		MaxKeyBytes:      MaxKeyBytes,
 		KeyUTF8:          true,

@@ -17,20 +17,20 @@ import (
 	pulsarlog "github.com/apache/pulsar-client-go/pulsar/log"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
 // badParam is the error for an invalid or unknown parameter; the URL in it
 // is redacted (userinfo password, token and other sensitive parameters).
 func badParam(u *url.URL, param, why string) error {
-	return adapters.BadParam(u, param, why)
+	return driver.BadParam(u, param, why)
 }
 
-// queryOf reads u's parameters strictly (adapters.Query: a malformed
+// queryOf reads u's parameters strictly (driver.Query: a malformed
 // escape or a repeated parameter is ErrBadURL) into a map.
-func queryOf(u *url.URL) (map[string]string, []adapters.Param, error) {
-	ps, err := adapters.Query(u)
+func queryOf(u *url.URL) (map[string]string, []driver.Param, error) {
+	ps, err := driver.Query(u)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -132,9 +132,9 @@ type URLOpener struct{}
 
 func init() {
 	for _, s := range []string{Scheme, SchemeTLS} {
-		adapters.RegisterParams(s, adapters.Params{Names: urlParams, Secret: []string{"token"}, Deprecated: deprecatedParams})
-		adapters.DefaultMux().RegisterTopic(s, &URLOpener{})
-		adapters.DefaultMux().RegisterSubscription(s, &URLOpener{})
+		driver.RegisterParams(s, driver.Params{Names: urlParams, Secret: []string{"token"}, Deprecated: deprecatedParams})
+		driver.DefaultMux().RegisterTopic(s, &URLOpener{})
+		driver.DefaultMux().RegisterSubscription(s, &URLOpener{})
 	}
 }
 
@@ -256,7 +256,7 @@ func parseRanges(v string) ([]int, error) {
 // OpenTopicURL opens pulsar://host:port/tenant/namespace/topic. With an
 // admin parameter it creates the topic if missing; otherwise the broker
 // creates it on first use when it allows auto-creation.
-func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	p, err := parseURL(u, false)
 	if err != nil {
 		return nil, err
@@ -278,7 +278,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 // OpenSubscriptionURL opens
 // pulsar://host:port/tenant/namespace/topic?subscription=name&..., creating
 // the subscription (and, with an admin parameter, the topic) if missing.
-func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	p, err := parseURL(u, true)
 	if err != nil {
 		return nil, err

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -34,11 +34,11 @@ func processURL(t *testing.T, queueURL string, n int) string {
 
 // recordingDriver records the dead letters a subscriber decides on.
 type recordingDriver struct {
-	adapters.Subscription
-	onDead func(m *adapters.Message, reason string, attempts int)
+	driver.Subscription
+	onDead func(m *driver.Message, reason string, attempts int)
 }
 
-func (r *recordingDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (r *recordingDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	r.onDead(m, reason, attempts)
 	return r.Subscription.DeadLetter(ctx, m, reason, attempts)
 }
@@ -65,10 +65,10 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 	}
 	const keys, perKey = 20, 10
 	for k := range keys {
-		var ms []*adapters.Message
+		var ms []*driver.Message
 		for i := range perKey {
 			id := fmt.Sprintf("k%02d-%02d", k, i)
-			ms = append(ms, &adapters.Message{ID: id, Key: fmt.Sprintf("k%02d", k), Payload: []byte(id)})
+			ms = append(ms, &driver.Message{ID: id, Key: fmt.Sprintf("k%02d", k), Payload: []byte(id)})
 		}
 		if err := topic.SendBatch(ctx, ms); err != nil {
 			t.Fatal(err)
@@ -113,7 +113,7 @@ func TestAttemptsAcrossProcesses(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	onDead := func(m *adapters.Message, reason string, attempts int) {
+	onDead := func(m *driver.Message, reason string, attempts int) {
 		mu.Lock()
 		defer mu.Unlock()
 		deadAt[m.ID] = attempts
@@ -315,13 +315,13 @@ func TestCrashInflatesUnstartedByOnePerCrash(t *testing.T) {
 
 // callRecorder records the hand-backs (Release, Nack) of a subscriber.
 type callRecorder struct {
-	adapters.Subscription
+	driver.Subscription
 	mu       sync.Mutex
 	released []string
 	nacked   []string
 }
 
-func (r *callRecorder) Release(ctx context.Context, ms []*adapters.Message) error {
+func (r *callRecorder) Release(ctx context.Context, ms []*driver.Message) error {
 	r.mu.Lock()
 	for _, m := range ms {
 		r.released = append(r.released, m.ID)
@@ -330,7 +330,7 @@ func (r *callRecorder) Release(ctx context.Context, ms []*adapters.Message) erro
 	return r.Subscription.Release(ctx, ms)
 }
 
-func (r *callRecorder) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (r *callRecorder) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	r.mu.Lock()
 	r.nacked = append(r.nacked, m.ID)
 	r.mu.Unlock()

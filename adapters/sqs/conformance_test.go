@@ -11,8 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 	"github.com/keyorder/keyorder/integration/testenv"
 )
@@ -65,7 +65,7 @@ func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec int
 	}
 	return &integration.Pair{
 		Topic: topic,
-		OpenConsumer: func(ctx context.Context) (adapters.Subscription, error) {
+		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return sqs.OpenSubscriptionDriver(ctx, client, qurl, opts)
 		},
 	}, nil

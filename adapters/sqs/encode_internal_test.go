@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -48,7 +48,7 @@ func FuzzGroupID(f *testing.F) {
 }
 
 // roundTrip encodes m as the topic does and decodes what SQS would return.
-func roundTrip(t *testing.T, m *adapters.Message) *adapters.Message {
+func roundTrip(t *testing.T, m *driver.Message) *driver.Message {
 	t.Helper()
 	e, err := encode(m, policy.Ordered)
 	if err != nil {
@@ -81,11 +81,11 @@ func FuzzEncodeDecode(f *testing.F) {
 	f.Add("id", "k", []byte("p"), "empty", "")
 	lim := (&Topic{}).Limits()
 	f.Fuzz(func(t *testing.T, id, key string, payload []byte, hname, hval string) {
-		m := &adapters.Message{ID: id, Key: key, Payload: payload}
+		m := &driver.Message{ID: id, Key: key, Payload: payload}
 		if hname != "" {
 			m.Headers = map[string]string{hname: hval}
 		}
-		if err := adapters.Validate(lim, m); err != nil {
+		if err := driver.Validate(lim, m); err != nil {
 			var le *keyorder.LimitError
 			if !errors.As(err, &le) {
 				t.Fatalf("Validate: %v, want a LimitError", err)
@@ -107,13 +107,13 @@ func FuzzEncodeDecode(f *testing.F) {
 // is a LimitError naming the encoded size.
 func TestBinaryPayloadLimit(t *testing.T) {
 	lim := (&Topic{}).Limits()
-	msg := func(n int) *adapters.Message {
-		return &adapters.Message{ID: "0190c6a4-7d1e-7c3b-9a1e-1234567890ab", Key: "acct-42", Payload: bytes.Repeat([]byte{0xff}, n)}
+	msg := func(n int) *driver.Message {
+		return &driver.Message{ID: "0190c6a4-7d1e-7c3b-9a1e-1234567890ab", Key: "acct-42", Payload: bytes.Repeat([]byte{0xff}, n)}
 	}
 	lo, hi := 1, MaxPayloadBytes
 	for lo < hi {
 		mid := (lo + hi + 1) / 2
-		if adapters.Validate(lim, msg(mid)) == nil {
+		if driver.Validate(lim, msg(mid)) == nil {
 			lo = mid
 		} else {
 			hi = mid - 1
@@ -124,7 +124,7 @@ func TestBinaryPayloadLimit(t *testing.T) {
 		t.Errorf("largest binary payload %d, the package doc says about 196,500", lo)
 	}
 	var le *keyorder.LimitError
-	if err := adapters.Validate(lim, msg(lo+3)); !errors.As(err, &le) || !strings.HasPrefix(le.Limit, "encoded size") || le.Max != MaxMessageBytes {
+	if err := driver.Validate(lim, msg(lo+3)); !errors.As(err, &le) || !strings.HasPrefix(le.Limit, "encoded size") || le.Max != MaxMessageBytes {
 		t.Errorf("one base64 quantum over: %v, want a LimitError on the encoded size", err)
 	}
 	got := roundTrip(t, msg(lo))

@@ -16,8 +16,8 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -74,7 +74,7 @@ func TestFailedHoldIsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topic.SendBatch(t.Context(), []*adapters.Message{{ID: "later", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Minute)}}); err != nil {
+	if err := topic.SendBatch(t.Context(), []*driver.Message{{ID: "later", Key: "A", Payload: []byte("x"), NotBefore: time.Now().Add(time.Minute)}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)

@@ -4,7 +4,7 @@
 // in order and blocks the group while one of its messages is in flight.
 //
 // Importing the package registers the sqs URL scheme on
-// adapters.DefaultMux.
+// driver.DefaultMux.
 //
 // SQS has no topic fan-out: one FIFO queue is one subscription. The topic
 // driver and the subscription driver open the same queue; every consumer of
@@ -171,7 +171,7 @@
 // DeadLetter sends the message to the FIFO queue QUEUE-NAME-dead.fifo (same
 // group, created when missing) with the keyorder-reason, keyorder-attempts
 // and keyorder-dead-at attributes, then deletes it from the queue.
-// DeadLetters and Redrive (adapters.DeadLetterStore) read that queue by
+// DeadLetters and Redrive (driver.DeadLetterStore) read that queue by
 // visiting every message once, moving each to the end of its group in order
 // (a FIFO queue hands out nothing more of a group while one of its messages
 // is in flight, so receiving alone cannot reach a group's later dead
@@ -210,7 +210,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -611,12 +611,12 @@ type URLOpener struct {
 }
 
 func init() {
-	adapters.RegisterParams(Scheme, adapters.Params{
+	driver.RegisterParams(Scheme, driver.Params{
 		Names:      []string{"endpoint", "region", "profile", "ordering", "lease", "wait", "oldest_first", "subscription"},
 		Deprecated: map[string]string{"visibility": "lease", "oldestfirst": "oldest_first"},
 	})
-	adapters.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
-	adapters.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
 }
 
 // urlConfig is a parsed sqs:// URL.
@@ -632,12 +632,12 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 	c := &urlConfig{queue: u.Host}
 	c.opts.Ordering = policy.Ordered
 	if c.queue == "" || (u.Path != "" && u.Path != "/") || u.User != nil || u.Opaque != "" {
-		return nil, adapters.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
+		return nil, driver.BadParam(u, "host", "want one queue name (sqs://QUEUE-NAME.fifo)")
 	}
 	if _, err := deadQueueName(c.queue); err != nil {
-		return nil, adapters.BadParam(u, "host", err.Error())
+		return nil, driver.BadParam(u, "host", err.Error())
 	}
-	ps, err := adapters.Query(u)
+	ps, err := driver.Query(u)
 	if err != nil {
 		return nil, err
 	}
@@ -685,7 +685,7 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 			perr = errors.New("unknown parameter")
 		}
 		if perr != nil {
-			return nil, adapters.BadParam(u, p, perr.Error())
+			return nil, driver.BadParam(u, p, perr.Error())
 		}
 	}
 	return c, nil
@@ -704,7 +704,7 @@ func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error)
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, lo...)
 	if err != nil {
-		return nil, adapters.BadParam(u, "profile", "loading the AWS configuration: "+err.Error())
+		return nil, driver.BadParam(u, "profile", "loading the AWS configuration: "+err.Error())
 	}
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
@@ -717,7 +717,7 @@ func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error)
 }
 
 // OpenTopicURL opens sqs://QUEUE.fifo?..., creating the queue if needed.
-func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topic, error) {
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	c, err := parseURL(u)
 	if err != nil {
 		return nil, err
@@ -736,7 +736,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (adapters.Topi
 
 // OpenSubscriptionURL opens sqs://QUEUE.fifo?..., creating the queue if
 // needed.
-func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (adapters.Subscription, error) {
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	c, err := parseURL(u)
 	if err != nil {
 		return nil, err
@@ -758,5 +758,5 @@ func queueNameOf(queueURL string) string {
 	return queueURL[strings.LastIndexByte(queueURL, '/')+1:]
 }
 
-// ErrorCode classifies the errors of the opener (adapters.ErrorCoder).
+// ErrorCode classifies the errors of the opener (driver.ErrorCoder).
 func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }

@@ -17,8 +17,8 @@ import (
 	awstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -63,10 +63,10 @@ func TestBadURLParams(t *testing.T) {
 		"sqs://q.fifo/extra/path",
 		"sqs://" + strings.Repeat("q", 71) + ".fifo",
 	} {
-		if _, err := adapters.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenSubscription(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenSubscription(%s) = %v, want ErrBadURL", u, err)
 		}
-		if _, err := adapters.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
+		if _, err := driver.DefaultMux().OpenTopic(ctx, u); !errors.Is(err, keyorder.ErrBadURL) {
 			t.Errorf("OpenTopic(%s) = %v, want ErrBadURL", u, err)
 		}
 	}
@@ -100,10 +100,10 @@ func openWith(t *testing.T, opts *sqs.Options) (*awssqs.Client, string, *sqs.Top
 
 func send(t *testing.T, topic *sqs.Topic, specs ...string) {
 	t.Helper()
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for _, s := range specs {
 		name, key, _ := strings.Cut(s, ":")
-		ms = append(ms, &adapters.Message{ID: t.Name() + "/" + name, Key: key, Payload: []byte(name)})
+		ms = append(ms, &driver.Message{ID: t.Name() + "/" + name, Key: key, Payload: []byte(name)})
 	}
 	if err := topic.SendBatch(t.Context(), ms); err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func send(t *testing.T, topic *sqs.Topic, specs ...string) {
 
 // receive receives once (waiting up to the driver's poll) and returns
 // "name@attempt" strings.
-func receive(t *testing.T, sub *sqs.Subscription, n int, within time.Duration) ([]*adapters.Message, []string) {
+func receive(t *testing.T, sub *sqs.Subscription, n int, within time.Duration) ([]*driver.Message, []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), within)
 	defer cancel()
@@ -132,16 +132,16 @@ func itoa(i int) string { return string(rune('0' + i)) }
 func TestKeyRoundTrip(t *testing.T) {
 	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
 	keys := []string{strings.Repeat("long", 100), "odd key\twith ÿ", "ctl\x01char", "plain"}
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	for i, k := range keys {
-		ms = append(ms, &adapters.Message{ID: "id" + itoa(i), Key: k, Payload: []byte{0xff, 0x00, byte(i)}, Headers: map[string]string{"h": "v"}})
+		ms = append(ms, &driver.Message{ID: "id" + itoa(i), Key: k, Payload: []byte{0xff, 0x00, byte(i)}, Headers: map[string]string{"h": "v"}})
 	}
 	for _, m := range ms {
-		if err := topic.SendBatch(t.Context(), []*adapters.Message{m}); err != nil {
+		if err := topic.SendBatch(t.Context(), []*driver.Message{m}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got := map[string]*adapters.Message{}
+	got := map[string]*driver.Message{}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(got) < len(keys) && time.Now().Before(deadline) {
 		rs, _ := receive(t, sub, 10, 2*time.Second)
@@ -175,9 +175,9 @@ func TestPayloadLimit(t *testing.T) {
 	}
 	// Binary payloads go base64: within MaxPayloadBytes but too big encoded,
 	// the driver refuses the batch before sending any of it.
-	ok := &adapters.Message{ID: "ok", Key: "k", Payload: []byte("fine")}
-	big := &adapters.Message{ID: "big", Key: "k", Payload: make([]byte, 200_000)}
-	if err := topic.SendBatch(t.Context(), []*adapters.Message{ok, big}); topic.ErrorCode(err) != keyorder.CodeInvalidArgument {
+	ok := &driver.Message{ID: "ok", Key: "k", Payload: []byte("fine")}
+	big := &driver.Message{ID: "big", Key: "k", Payload: make([]byte, 200_000)}
+	if err := topic.SendBatch(t.Context(), []*driver.Message{ok, big}); topic.ErrorCode(err) != keyorder.CodeInvalidArgument {
 		t.Fatalf("binary payload over the encoded limit: %v (code %v)", err, topic.ErrorCode(err))
 	}
 	// Text payloads of exactly MaxPayloadBytes go through.
@@ -221,7 +221,7 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	send(t, topic, "a1:A", "a2:A")
 	send(t, topic, "b1:B", "b2:B")
 	// One message per call: the two group heads.
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	var names []string
 	for range 2 {
 		m, n := receive(t, sub, 1, 5*time.Second)
@@ -231,7 +231,7 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	if !slices.Equal(names, []string{"a1@1", "b1@1"}) {
 		t.Fatalf("received %v, want the two group heads", names)
 	}
-	byName := map[string]*adapters.Message{}
+	byName := map[string]*driver.Message{}
 	for _, m := range ms {
 		byName[string(m.Payload)] = m
 	}
@@ -239,7 +239,7 @@ func TestNackHoldsOnlyItsGroup(t *testing.T) {
 	if err := sub.Nack(t.Context(), byName["a1"], 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.Ack(t.Context(), []*adapters.Message{byName["b1"]}); err != nil {
+	if err := sub.Ack(t.Context(), []*driver.Message{byName["b1"]}); err != nil {
 		t.Fatal(err)
 	}
 	// Group B goes on; group A is held.
@@ -313,12 +313,12 @@ func TestURLOpenAndOrderingMismatch(t *testing.T) {
 	name := uniqueQueue("u")
 	base := "sqs://" + name + "?endpoint=" + url.QueryEscape(endpoint) + "&region=us-east-1"
 	ctx := t.Context()
-	topic, err := adapters.DefaultMux().OpenTopic(ctx, base+"&ordering=exclusive")
+	topic, err := driver.DefaultMux().OpenTopic(ctx, base+"&ordering=exclusive")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer topic.Close()
-	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=exclusive&lease=5s&subscription="+name)
+	sub, err := driver.DefaultMux().OpenSubscription(ctx, base+"&ordering=exclusive&lease=5s&subscription="+name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestURLOpenAndOrderingMismatch(t *testing.T) {
 	if c := sub.Capabilities(); c.Ordering != policy.Exclusive || c.LeaseDuration != 5*time.Second || !c.NativeHold {
 		t.Fatalf("capabilities %+v", c)
 	}
-	_, err = adapters.DefaultMux().OpenSubscription(ctx, base+"&ordering=ordered")
+	_, err = driver.DefaultMux().OpenSubscription(ctx, base+"&ordering=ordered")
 	if !errors.Is(err, sqs.ErrOrderingMismatch) || !errors.Is(err, keyorder.ErrFailedPrecondition) || keyorder.Code(err) != keyorder.CodeFailedPrecondition {
 		t.Fatalf("ordering mismatch: %v", err)
 	}
@@ -347,7 +347,7 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 	}
 	a1, b1 := ms[0], ms[1]
 	time.Sleep(700 * time.Millisecond)
-	if lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{b1}); err != nil || len(lost) != 0 {
+	if lost, err := sub.ExtendLeases(t.Context(), []*driver.Message{b1}); err != nil || len(lost) != 0 {
 		t.Fatalf("extending a live lease: lost %v, %v", lost, err)
 	}
 	time.Sleep(800 * time.Millisecond)
@@ -356,7 +356,7 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 	if !slices.Equal(names, []string{"a1@2"}) {
 		t.Fatalf("after a1's lease expired received %v, want a1 with attempt 2", names)
 	}
-	lost, err := sub.ExtendLeases(t.Context(), []*adapters.Message{a1, b1, again[0]})
+	lost, err := sub.ExtendLeases(t.Context(), []*driver.Message{a1, b1, again[0]})
 	if err != nil || len(lost) != 1 || lost[0] != a1 {
 		t.Fatalf("ExtendLeases lost %v, %v; want the first a1 only", lost, err)
 	}
@@ -365,7 +365,7 @@ func TestExpiredLeaseReportedLost(t *testing.T) {
 func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
 	_, _, topic, sub := open(t, policy.Ordered, 30*time.Second)
 	at := time.Now().Add(2500 * time.Millisecond)
-	if err := topic.SendBatch(t.Context(), []*adapters.Message{
+	if err := topic.SendBatch(t.Context(), []*driver.Message{
 		{ID: "a1", Key: "A", Payload: []byte("a1"), NotBefore: at},
 		{ID: "a2", Key: "A", Payload: []byte("a2")},
 	}); err != nil {
@@ -374,7 +374,7 @@ func TestNotBeforeHoldIsNotAnAttempt(t *testing.T) {
 	if _, names := receive(t, sub, 10, 1500*time.Millisecond); len(names) != 0 {
 		t.Fatalf("before a1's not-before time received %v", names)
 	}
-	var ms []*adapters.Message
+	var ms []*driver.Message
 	var names []string
 	for len(ms) == 0 && time.Until(at) > -5*time.Second {
 		ms, names = receive(t, sub, 10, 2*time.Second)
@@ -494,16 +494,16 @@ func TestURLCredentialsChain(t *testing.T) {
 			deleteQueues(client, aws.ToString(u.QueueUrl))
 		}
 	})
-	if _, err := adapters.DefaultMux().OpenTopic(ctx, base); err == nil {
+	if _, err := driver.DefaultMux().OpenTopic(ctx, base); err == nil {
 		t.Fatal("opened with no credentials anywhere")
 	}
-	if _, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=missing"); !errors.Is(err, keyorder.ErrBadURL) {
+	if _, err := driver.DefaultMux().OpenTopic(ctx, base+"&profile=missing"); !errors.Is(err, keyorder.ErrBadURL) {
 		t.Fatalf("a profile that does not exist: %v, want ErrBadURL", err)
 	}
 	if err := os.WriteFile(creds, []byte("[keyorder-test]\naws_access_key_id = fromfile\naws_secret_access_key = secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	topic, err := adapters.DefaultMux().OpenTopic(ctx, base+"&profile=keyorder-test")
+	topic, err := driver.DefaultMux().OpenTopic(ctx, base+"&profile=keyorder-test")
 	if err != nil {
 		t.Fatalf("with the shared credentials file's profile: %v", err)
 	}
@@ -511,7 +511,7 @@ func TestURLCredentialsChain(t *testing.T) {
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(dir, "none"))
 	t.Setenv("AWS_ACCESS_KEY_ID", "fromenv")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
-	sub, err := adapters.DefaultMux().OpenSubscription(ctx, base)
+	sub, err := driver.DefaultMux().OpenSubscription(ctx, base)
 	if err != nil {
 		t.Fatalf("with environment credentials: %v", err)
 	}

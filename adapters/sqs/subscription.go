@@ -19,11 +19,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
-// subscriptionDriver is the adapters.Subscription driver of one consumer of a
+// subscriptionDriver is the driver.Subscription driver of one consumer of a
 // FIFO queue.
 type subscriptionDriver struct {
 	client   *sqs.Client
@@ -43,8 +43,8 @@ type subscriptionDriver struct {
 }
 
 var (
-	_ adapters.Subscription    = (*subscriptionDriver)(nil)
-	_ adapters.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.Subscription    = (*subscriptionDriver)(nil)
+	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 var errClosed = errors.New("sqs: subscription driver closed")
@@ -148,7 +148,7 @@ const receiveTimeout = 15 * time.Second
 // process (Capabilities.HoldChains), so the chain's later messages are not
 // put back unrun, which would count as an attempt wherever they are
 // received next (see attempt).
-func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	maxMessages = min(max(maxMessages, 1), s.maxBatch())
 	first := min(maxMessages, MaxBatchMessages)
 	for {
@@ -256,18 +256,18 @@ func (s *subscriptionDriver) receiveRaw(ctx context.Context, queueURL string, n 
 	return out.Messages, nil
 }
 
-func groupOf(m *adapters.Message) string { return m.AckID.(*delivery).group }
+func groupOf(m *driver.Message) string { return m.AckID.(*delivery).group }
 
 // admit decodes received messages, holds those whose not-before time is
 // more than a second away (and puts back their groups' later messages), and
 // returns the rest with each group's messages consecutive, in order. What it
 // cannot hand back (a failed hold or put-back) it logs: the messages then
 // stay in flight until their visibility timeout, holding their groups.
-func (s *subscriptionDriver) admit(raw []types.Message) []*adapters.Message {
+func (s *subscriptionDriver) admit(raw []types.Message) []*driver.Message {
 	now := time.Now()
 	held := map[string]bool{}
 	seen := map[string]bool{}
-	var out, back []*adapters.Message
+	var out, back []*driver.Message
 	for i := range raw {
 		g := raw[i].Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
 		m := s.decode(&raw[i], seen[g])
@@ -303,7 +303,7 @@ func (s *subscriptionDriver) admit(raw []types.Message) []*adapters.Message {
 }
 
 // putBack releases messages the subscriber never saw, logging a failure.
-func (s *subscriptionDriver) putBack(ms []*adapters.Message, why string) {
+func (s *subscriptionDriver) putBack(ms []*driver.Message, why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
 	defer cancel()
 	if err := s.Release(ctx, ms); err != nil {
@@ -316,14 +316,14 @@ func (s *subscriptionDriver) putBack(ms []*adapters.Message, why string) {
 // first appearance), each group's in SequenceNumber order (one call returns
 // them so; the calls of one Receive never share a group, but should they,
 // the group still comes in order).
-func groupOrder(ms []*adapters.Message) []*adapters.Message {
+func groupOrder(ms []*driver.Message) []*driver.Message {
 	first := map[string]int{}
 	for i, m := range ms {
 		if _, ok := first[groupOf(m)]; !ok {
 			first[groupOf(m)] = i
 		}
 	}
-	slices.SortStableFunc(ms, func(a, b *adapters.Message) int {
+	slices.SortStableFunc(ms, func(a, b *driver.Message) int {
 		if c := cmp.Compare(first[groupOf(a)], first[groupOf(b)]); c != 0 {
 			return c
 		}
@@ -345,11 +345,11 @@ func compareSeq(a, b string) int {
 // room is left; it puts the rest back. A chain tail thus never takes the
 // place of another group's head, and groups go oldest first as far as one
 // receive shows them.
-func (s *subscriptionDriver) fit(ms []*adapters.Message, n int) []*adapters.Message {
+func (s *subscriptionDriver) fit(ms []*driver.Message, n int) []*driver.Message {
 	if len(ms) == 0 {
 		return ms
 	}
-	type chain struct{ ms []*adapters.Message }
+	type chain struct{ ms []*driver.Message }
 	var chains []*chain
 	byGroup := map[string]*chain{}
 	for _, m := range ms {
@@ -381,8 +381,8 @@ func (s *subscriptionDriver) fit(ms []*adapters.Message, n int) []*adapters.Mess
 		take[i] += extra
 		room -= extra
 	}
-	out := make([]*adapters.Message, 0, n)
-	var back []*adapters.Message
+	out := make([]*driver.Message, 0, n)
+	var back []*driver.Message
 	for i, c := range chains {
 		out = append(out, c.ms[:take[i]]...)
 		back = append(back, c.ms[take[i]:]...)
@@ -395,7 +395,7 @@ func (s *subscriptionDriver) fit(ms []*adapters.Message, n int) []*adapters.Mess
 
 // decode converts a received message. tail reports that an earlier message
 // of its group came in the same receive (see attempt).
-func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *adapters.Message {
+func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *driver.Message {
 	d := &delivery{
 		receipt: aws.ToString(rm.ReceiptHandle),
 		sqsID:   aws.ToString(rm.MessageId),
@@ -404,7 +404,7 @@ func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *adapters.Mess
 		attrs:   rm.MessageAttributes,
 		seq:     rm.Attributes[string(types.MessageSystemAttributeNameSequenceNumber)],
 	}
-	m := &adapters.Message{AckID: d, Payload: []byte(d.body)}
+	m := &driver.Message{AckID: d, Payload: []byte(d.body)}
 	for k, v := range rm.MessageAttributes {
 		switch k {
 		case AttrID:
@@ -466,7 +466,7 @@ func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *adapters.Mess
 // this rule is a group head put back unrun by another process (a graceful
 // shutdown's pending messages, an OldestFirst surplus): see Delivery
 // semantics in the package documentation.
-func (s *subscriptionDriver) attempt(rm *types.Message, m *adapters.Message, tail bool) int {
+func (s *subscriptionDriver) attempt(rm *types.Message, m *driver.Message, tail bool) int {
 	prior, _ := strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts])) // attempts before a requeue
 	if tail && s.ordering == policy.Ordered {
 		return prior + 1
@@ -483,7 +483,7 @@ func (s *subscriptionDriver) attempt(rm *types.Message, m *adapters.Message, tai
 }
 
 // Ack deletes messages with DeleteMessageBatch.
-func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) error {
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
 	var errs []error
 	for start := 0; start < len(ms); start += MaxBatchMessages {
 		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
@@ -518,7 +518,7 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*adapters.Message) er
 // deletes m: the group's later messages run meanwhile, and the copy is
 // held when it is received early. If the delete fails after the copy was
 // sent, m comes back too (at least once).
-func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	d := m.AckID.(*delivery)
 	if s.ordering == policy.Exclusive && m.Key != "" {
 		return s.requeue(ctx, m, delay)
@@ -533,7 +533,7 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *adapters.Message, dela
 	return nil
 }
 
-func (s *subscriptionDriver) requeue(ctx context.Context, m *adapters.Message, delay time.Duration) error {
+func (s *subscriptionDriver) requeue(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	d := m.AckID.(*delivery)
 	attrs := make(map[string]types.MessageAttributeValue, len(d.attrs)+2)
 	for k, v := range d.attrs {
@@ -566,8 +566,8 @@ func (s *subscriptionDriver) requeue(ctx context.Context, m *adapters.Message, d
 // flight (only earlier ones in flight block it), so making the first
 // visible first would let another consumer receive it alone, and the rest
 // of its group separately, later.
-func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message) error {
-	rev := make([]*adapters.Message, len(ms))
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
+	rev := make([]*driver.Message, len(ms))
 	for i, m := range ms {
 		s.book.add(m.AckID.(*delivery).sqsID)
 		rev[len(ms)-1-i] = m
@@ -579,8 +579,8 @@ func (s *subscriptionDriver) Release(ctx context.Context, ms []*adapters.Message
 // changeVisibility sets the visibility of ms in batches, in order, and
 // returns the messages SQS refused as sender faults (not in flight, receipt
 // handle invalid) and an error for the rest.
-func (s *subscriptionDriver) changeVisibility(ctx context.Context, ms []*adapters.Message, vis time.Duration) ([]*adapters.Message, error) {
-	var refused []*adapters.Message
+func (s *subscriptionDriver) changeVisibility(ctx context.Context, ms []*driver.Message, vis time.Duration) ([]*driver.Message, error) {
+	var refused []*driver.Message
 	var errs []error
 	for start := 0; start < len(ms); start += MaxBatchMessages {
 		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
@@ -614,7 +614,7 @@ func (s *subscriptionDriver) changeVisibility(ctx context.Context, ms []*adapter
 
 // ExtendLeases sets the messages' visibility to the lease again. Those SQS
 // refuses (receipt handle invalid, message not in flight) are lost.
-func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*adapters.Message) ([]*adapters.Message, error) {
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	return s.changeVisibility(ctx, ms, s.lease)
 }
 
@@ -637,7 +637,7 @@ func (s *subscriptionDriver) deadQueue(ctx context.Context) (string, error) {
 
 // DeadLetter sends m to the dead-letter queue (same group, with reason,
 // attempts and time) and then deletes it from the queue.
-func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message, reason string, attempts int) error {
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	if s.isClosed() {
 		return errClosed
 	}
@@ -685,7 +685,7 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *adapters.Message
 
 // deadMessage is a received dead letter.
 type deadMessage struct {
-	dl adapters.DeadLetter
+	dl driver.DeadLetter
 	rm types.Message
 }
 
@@ -853,7 +853,7 @@ func (s *subscriptionDriver) releaseDead(dq string, rms []types.Message) error {
 // dead letter of the dead-letter queue (see walkDead: each is moved to the
 // end of its group, in order), so a concurrent DeadLetters or Redrive call
 // (in any process) may miss the ones being listed for that moment.
-func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adapters.DeadLetter, error) {
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	if s.isClosed() {
 		return nil, errClosed
 	}
@@ -868,7 +868,7 @@ func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]adap
 	if limit > 0 && len(dms) > limit {
 		dms = dms[:limit]
 	}
-	var out []adapters.DeadLetter
+	var out []driver.DeadLetter
 	for _, dm := range dms {
 		out = append(out, dm.dl)
 	}
@@ -923,8 +923,8 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 // under Ordered a chain whose member failed is held in process
 // (HoldChains), since SQS counts every receive: a chain's later messages
 // put back unrun would count as an attempt in the next process.
-func (s *subscriptionDriver) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{
+func (s *subscriptionDriver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
 		Ordering: s.ordering, NativeHold: true, HoldChains: s.ordering == policy.Ordered,
 		LeaseDuration: s.lease, MaxBatch: s.maxBatch(),
 	}
@@ -946,5 +946,5 @@ func (s *subscriptionDriver) Close() error {
 }
 
 // Name returns the queue's name, which is the subscription's
-// (adapters.Namer).
+// (driver.Namer).
 func (s *subscriptionDriver) Name() string { return queueNameOf(s.queueURL) }

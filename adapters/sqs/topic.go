@@ -17,18 +17,18 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
-// topicDriver is the adapters.Topic driver of one FIFO queue.
+// topicDriver is the driver.Topic driver of one FIFO queue.
 type topicDriver struct {
 	client   *sqs.Client
 	queueURL string
 	ordering policy.Ordering
 }
 
-var _ adapters.Topic = (*topicDriver)(nil)
+var _ driver.Topic = (*topicDriver)(nil)
 
 // openTopic returns a publishing driver for the FIFO queue at queueURL. The
 // queue's ordering is read from its keyorder-ordering tag (Ordered when it
@@ -90,7 +90,7 @@ type encoded struct {
 }
 
 // encode converts a driver message, checking what SQS would refuse.
-func encode(m *adapters.Message, ordering policy.Ordering) (*encoded, error) {
+func encode(m *driver.Message, ordering policy.Ordering) (*encoded, error) {
 	if len(m.ID) > MaxIDBytes {
 		return nil, fmt.Errorf("%w: ID longer than %d bytes", errBadMessage, MaxIDBytes)
 	}
@@ -167,7 +167,7 @@ func (e *encoded) size() int {
 // at the first failing call. Every message is checked before anything is
 // sent. When SQS fails part of a call the whole SendBatch fails, although
 // the call's other messages (and earlier calls') were stored: at least once.
-func (t *topicDriver) SendBatch(ctx context.Context, ms []*adapters.Message) error {
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	es := make([]*encoded, len(ms))
 	for i, m := range ms {
 		e, err := encode(m, t.ordering)
@@ -231,8 +231,8 @@ func batchError(op string, failed []types.BatchResultErrorEntry) error {
 }
 
 // Limits returns SQS's limits as the driver applies them.
-func (t *topicDriver) Limits() adapters.Limits {
-	return adapters.Limits{
+func (t *topicDriver) Limits() driver.Limits {
+	return driver.Limits{
 		Backend:            "sqs",
 		MaxKeyBytes:        MaxKeyBytes,
 		KeyUTF8:            true,
@@ -245,10 +245,10 @@ func (t *topicDriver) Limits() adapters.Limits {
 	}
 }
 
-// checkEncode is encode's verdict on m, for adapters.Validate: the same
+// checkEncode is encode's verdict on m, for driver.Validate: the same
 // checks SendBatch applies, run before anything is sent.
 func checkEncode(m *keyorder.Message) error {
-	am := &adapters.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
+	am := &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore}
 	_, err := encode(am, policy.Ordered)
 	if err == nil {
 		return nil

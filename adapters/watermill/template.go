@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // Placeholders a URL template may hold.
@@ -82,5 +82,5 @@ func redact(s string) string {
 }
 
 // topicSchemes and subscriptionSchemes are the registered schemes.
-func topicSchemes() []string        { return adapters.DefaultMux().TopicSchemes() }
-func subscriptionSchemes() []string { return adapters.DefaultMux().SubscriptionSchemes() }
+func topicSchemes() []string        { return driver.DefaultMux().TopicSchemes() }
+func subscriptionSchemes() []string { return driver.DefaultMux().SubscriptionSchemes() }

@@ -43,12 +43,12 @@ import (
 	"syscall"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // Exit codes.
@@ -187,19 +187,19 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 	return pos[0], nil
 }
 
-// addSecrets records what adapters.Redact hides of raw (its password, the
+// addSecrets records what driver.Redact hides of raw (its password, the
 // values of secret-looking and undeclared parameters, the whole string when
 // it is not a URL), so clean removes them from anything printed, a broker's
 // error message included.
 func (c *cli) addSecrets(raw string) {
-	c.secrets = append(c.secrets, adapters.URLSecrets(raw)...)
+	c.secrets = append(c.secrets, driver.URLSecrets(raw)...)
 	// Longest first, so that a secret inside another is not left half.
 	slices.SortStableFunc(c.secrets, func(a, b string) int { return len(b) - len(a) })
 }
 
-// redact returns raw as it may be printed: adapters.RedactString, the one
+// redact returns raw as it may be printed: driver.RedactString, the one
 // redaction every backend's errors use, then clean.
-func (c *cli) redact(raw string) string { return c.clean(adapters.RedactString(raw)) }
+func (c *cli) redact(raw string) string { return c.clean(driver.RedactString(raw)) }
 
 // clean replaces every registered secret in s.
 func (c *cli) clean(s string) string {

@@ -29,8 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -124,7 +124,7 @@ func pgBatchRun(ctx context.Context, pool *pgxpool.Pool, dsn string, keys, size,
 	q.Set("chain", strconv.Itoa(pgBatchChain))
 	q.Set("topic", "bench")
 	u.RawQuery = q.Encode()
-	topic, err := adapters.DefaultMux().OpenTopic(ctx, u.String())
+	topic, err := driver.DefaultMux().OpenTopic(ctx, u.String())
 	if err != nil {
 		return row, err
 	}
@@ -139,11 +139,11 @@ func pgBatchRun(ctx context.Context, pool *pgxpool.Pool, dsn string, keys, size,
 		return row, err
 	}
 	for i := 0; i < n; {
-		batch := make([]*adapters.Message, 0, 1000)
+		batch := make([]*driver.Message, 0, 1000)
 		for ; i < n && len(batch) < 1000; i++ {
 			p := make([]byte, 100)
 			binary.BigEndian.PutUint64(p, uint64(i/keys))
-			batch = append(batch, &adapters.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%keys), Payload: p})
+			batch = append(batch, &driver.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%keys), Payload: p})
 		}
 		if err := topic.SendBatch(ctx, batch); err != nil {
 			sub.Close(ctx)

@@ -30,8 +30,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 )
 
 const (
@@ -117,16 +117,16 @@ func compactRun(ctx context.Context, pool *pgxpool.Pool, c config, workload stri
 	q.Set("compact", strconv.FormatBool(compact))
 	q.Set("topic", "bench")
 	u.RawQuery = q.Encode()
-	topic, err := adapters.DefaultMux().OpenTopic(ctx, u.String())
+	topic, err := driver.DefaultMux().OpenTopic(ctx, u.String())
 	if err != nil {
 		return r, err
 	}
 	defer topic.Close()
 	q.Set("subscription", "bench")
 	u.RawQuery = q.Encode()
-	var subs []adapters.Subscription
+	var subs []driver.Subscription
 	for range c.consumers {
-		s, err := adapters.DefaultMux().OpenSubscription(ctx, u.String())
+		s, err := driver.DefaultMux().OpenSubscription(ctx, u.String())
 		if err != nil {
 			return r, err
 		}
@@ -139,11 +139,11 @@ func compactRun(ctx context.Context, pool *pgxpool.Pool, c config, workload stri
 		payload := make([]byte, max(c.size, 8))
 		n := compactKeys * compactVersions
 		for i := 0; i < n; {
-			batch := make([]*adapters.Message, 0, c.batch)
+			batch := make([]*driver.Message, 0, c.batch)
 			for ; i < n && len(batch) < c.batch; i++ {
 				p := append([]byte(nil), payload...)
 				binary.BigEndian.PutUint64(p, uint64(i/compactKeys+1)) // version 1..100
-				batch = append(batch, &adapters.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%compactKeys), Payload: p})
+				batch = append(batch, &driver.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%compactKeys), Payload: p})
 			}
 			if err := topic.SendBatch(ctx, batch); err != nil {
 				return err
@@ -228,7 +228,7 @@ func compactRun(ctx context.Context, pool *pgxpool.Pool, c config, workload stri
 		return r, fmt.Errorf("%d deliveries of a version not newer than one already handled", v)
 	}
 	r.handled = handled.Load()
-	st, err := subs[0].(adapters.StatsReporter).BackendStats(ctx)
+	st, err := subs[0].(driver.StatsReporter).BackendStats(ctx)
 	if err != nil {
 		return r, err
 	}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keyorder/keyorder/adapters"
 	"github.com/keyorder/keyorder/adapters/postgres"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -25,8 +25,8 @@ import (
 type koEnv struct {
 	pool   *pgxpool.Pool
 	schema string
-	topic  adapters.Topic
-	subs   []adapters.Subscription
+	topic  driver.Topic
+	subs   []driver.Subscription
 }
 
 func newKoEnv(ctx context.Context, pool *pgxpool.Pool, c config, ordering string, consumers int) (*koEnv, error) {
@@ -49,13 +49,13 @@ func newKoEnv(ctx context.Context, pool *pgxpool.Pool, c config, ordering string
 	q.Set("ordering", ord.String())
 	q.Set("topic", "bench")
 	u.RawQuery = q.Encode()
-	if e.topic, err = adapters.DefaultMux().OpenTopic(ctx, u.String()); err != nil {
+	if e.topic, err = driver.DefaultMux().OpenTopic(ctx, u.String()); err != nil {
 		return nil, err
 	}
 	q.Set("subscription", "bench")
 	u.RawQuery = q.Encode()
 	for range consumers {
-		s, err := adapters.DefaultMux().OpenSubscription(ctx, u.String())
+		s, err := driver.DefaultMux().OpenSubscription(ctx, u.String())
 		if err != nil {
 			return nil, err
 		}
@@ -78,11 +78,11 @@ func (e *koEnv) publish(ctx context.Context, c config, keys, n int) (float64, er
 	payload := make([]byte, c.size)
 	start := time.Now()
 	for i := 0; i < n; {
-		batch := make([]*adapters.Message, 0, c.batch)
+		batch := make([]*driver.Message, 0, c.batch)
 		for ; i < n && len(batch) < c.batch; i++ {
 			p := slices.Clone(payload)
 			binary.BigEndian.PutUint64(p, uint64(i/keys))
-			batch = append(batch, &adapters.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%keys), Payload: p})
+			batch = append(batch, &driver.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%keys), Payload: p})
 		}
 		if err := e.topic.SendBatch(ctx, batch); err != nil {
 			return 0, err
@@ -127,7 +127,7 @@ func (e *koEnv) consume(ctx context.Context, c config, n int, ordered bool) (flo
 					}
 					mu.Unlock()
 				}
-				if r, ok := s.(adapters.StartRecorder); ok {
+				if r, ok := s.(driver.StartRecorder); ok {
 					// The no-op handlers start: tell the driver, one call
 					// per key's chain, as subscribe does (it records
 					// asynchronously; a lost lease counts only started
@@ -211,7 +211,7 @@ func benchLatency(ctx context.Context, pool *pgxpool.Pool, c config) (p50, p99 t
 	for i := range n {
 		p := make([]byte, c.size)
 		binary.BigEndian.PutUint64(p, uint64(time.Now().UnixNano()))
-		if err := e.topic.SendBatch(ctx, []*adapters.Message{{ID: strconv.Itoa(i), Key: "k" + strconv.Itoa(i%10), Payload: p}}); err != nil {
+		if err := e.topic.SendBatch(ctx, []*driver.Message{{ID: strconv.Itoa(i), Key: "k" + strconv.Itoa(i%10), Payload: p}}); err != nil {
 			return 0, 0, err
 		}
 		select {
@@ -252,11 +252,11 @@ func benchRetention(ctx context.Context, pool *pgxpool.Pool, c config) error {
 				return
 			case <-tick.C:
 			}
-			batch := make([]*adapters.Message, rate/20)
+			batch := make([]*driver.Message, rate/20)
 			for j := range batch {
 				p := make([]byte, c.size)
 				binary.BigEndian.PutUint64(p, uint64(i/1000))
-				batch[j] = &adapters.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%1000), Payload: p}
+				batch[j] = &driver.Message{ID: strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%1000), Payload: p}
 				i++
 			}
 			if err := e.topic.SendBatch(cctx, batch); err != nil {

@@ -12,9 +12,9 @@ import (
 	"testing"
 )
 
-// adaptersTypes returns the exported type names package adapters declares
+// driverTypes returns the exported type names package driver declares
 // (aliases included), parsed from its source.
-func adaptersTypes(t *testing.T, dir string) map[string]bool {
+func driverTypes(t *testing.T, dir string) map[string]bool {
 	t.Helper()
 	fset := token.NewFileSet()
 	entries, err := os.ReadDir(dir)
@@ -50,14 +50,14 @@ func adaptersTypes(t *testing.T, dir string) map[string]bool {
 }
 
 var (
-	qualified = regexp.MustCompile(`\badapters\.([A-Z]\w*)`)
-	// allowed are the lines that may name an adapters type: the
+	qualified = regexp.MustCompile(`\bdriver\.([A-Z]\w*)`)
+	// allowed are the lines that may name a driver type: the
 	// constructors over a driver.
-	allowed = regexp.MustCompile(`^func New\(drv adapters\.\w+, `)
+	allowed = regexp.MustCompile(`^func New\(drv driver\.\w+, `)
 )
 
 // TestPortableSurface fails when `go doc -all` of publish or subscribe
-// names a type of package adapters anywhere but in New: in a signature, a
+// names a type of package driver anywhere but in New: in a signature, a
 // field, or the documentation.
 func TestPortableSurface(t *testing.T) {
 	goBin, err := exec.LookPath("go")
@@ -68,7 +68,7 @@ func TestPortableSurface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := adaptersTypes(t, filepath.Join(root, "adapters"))
+	types := driverTypes(t, filepath.Join(root, "driver"))
 	for _, pkg := range []string{"./publish", "./subscribe"} {
 		cmd := exec.Command(goBin, "doc", "-all", pkg)
 		cmd.Dir = root
@@ -84,12 +84,12 @@ func TestPortableSurface(t *testing.T) {
 			}
 			for _, m := range qualified.FindAllStringSubmatch(line, -1) {
 				if types[m[1]] {
-					t.Errorf("go doc %s, line %d names adapters.%s (only New may): %s", pkg, i+1, m[1], strings.TrimSpace(line))
+					t.Errorf("go doc %s, line %d names driver.%s (only New may): %s", pkg, i+1, m[1], strings.TrimSpace(line))
 				}
 			}
 		}
 		if news != 1 {
-			t.Errorf("go doc %s: %d New(drv adapters.…) constructors, want 1 (did the output format change?)", pkg, news)
+			t.Errorf("go doc %s: %d New(drv driver.…) constructors, want 1 (did the output format change?)", pkg, news)
 		}
 	}
 }

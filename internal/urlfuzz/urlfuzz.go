@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters"
+	"github.com/keyorder/keyorder/driver"
 )
 
 // Marker starts every secret the fuzz targets plant; it appears in no
@@ -73,7 +73,7 @@ func Check(t *testing.T, scheme string, where uint8, user, secret, host, path, q
 			t.Fatalf("error echoes the secret:\nurl %q\nerr %v", raw, err)
 		}
 	}
-	u, err := adapters.ParseURL(raw)
+	u, err := driver.ParseURL(raw)
 	check(err)
 	if err != nil {
 		if !errors.Is(err, keyorder.ErrBadURL) {
@@ -81,7 +81,7 @@ func Check(t *testing.T, scheme string, where uint8, user, secret, host, path, q
 		}
 		return
 	}
-	if s := adapters.Redact(u); strings.Contains(strings.ToLower(s), strings.ToLower(Marker)) {
+	if s := driver.Redact(u); strings.Contains(strings.ToLower(s), strings.ToLower(Marker)) {
 		t.Fatalf("Redact(%q) = %q echoes the secret", raw, s)
 	}
 	err = parse(u)

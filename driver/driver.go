@@ -1,5 +1,12 @@
-// Package adapters defines the driver interfaces a backend implements and the
-// URL registry that lets an application choose a backend by configuration.
+// Package driver is the contract between keyorder's portable packages
+// (publish, subscribe) and a backend: the interfaces a backend implements,
+// the message it moves, the rule every message obeys (Validate), and the URL
+// registry that lets an application choose a backend by configuration. It is
+// the lowest layer a backend needs and imports nothing of keyorder but the
+// core types, as database/sql/driver and gocloud.dev/pubsub/driver do; the
+// backends themselves live under adapters/, one package (and for heavy SDKs
+// one module) each. Applications import it only to hand a driver to
+// publish.New or subscribe.New.
 //
 // The split follows gocloud.dev/pubsub: the portable packages publish and
 // subscribe own validation, batching per key, retries, keyed worker lanes,
@@ -23,7 +30,7 @@
 //
 //	import _ "github.com/keyorder/keyorder/adapters/memory"
 //	pub, err := publish.Open(ctx, "mem://ledger", nil)
-package adapters
+package driver
 
 import (
 	"context"

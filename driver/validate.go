@@ -1,8 +1,7 @@
-package adapters
+package driver
 
 import (
 	"fmt"
-	"maps"
 	"strings"
 	"unicode/utf8"
 
@@ -25,58 +24,6 @@ import (
 // ReservedHeaderPrefix starts the header names drivers reserve for their
 // own attributes.
 const ReservedHeaderPrefix = "keyorder-"
-
-// Prepare resolves m's ordering key (Message.Key, then the partition-key
-// header, then defaultKey), rejects a keyless message with
-// keyorder.ErrMissingKey when rejectMissing is set, and converts and
-// validates it against lim with Validate. The driver message gets a UUIDv7
-// ID (keyorder.NewID) when m has none; m itself is never modified. It
-// is the one validation every publishing path shares (publish.Publisher,
-// the PostgreSQL outbox's PublishTx), so they accept and reject exactly the
-// same messages.
-func Prepare(m *keyorder.Message, defaultKey string, rejectMissing bool, lim Limits) (*Message, error) {
-	am := new(Message)
-	if err := PrepareTo(am, m, defaultKey, rejectMissing, lim); err != nil {
-		return nil, err
-	}
-	return am, nil
-}
-
-// PrepareTo is Prepare writing the driver message into dst (every field
-// overwritten) instead of allocating it, for publishing paths that allocate
-// their driver messages several at a time. On error dst holds no valid
-// message.
-func PrepareTo(dst *Message, m *keyorder.Message, defaultKey string, rejectMissing bool, lim Limits) error {
-	if m == nil {
-		return fmt.Errorf("%w: nil message", keyorder.ErrInvalidMessage)
-	}
-	key := m.Key
-	if key == "" {
-		key = m.Headers[keyorder.HeaderPartitionKey]
-	}
-	if key == "" {
-		key = defaultKey
-	}
-	if key == "" && rejectMissing {
-		return keyorder.ErrMissingKey
-	}
-	var headers map[string]string
-	if len(m.Headers) > 0 {
-		headers = maps.Clone(m.Headers)
-		delete(headers, keyorder.HeaderPartitionKey)
-		if len(headers) == 0 {
-			headers = nil
-		}
-	}
-	*dst = Message{ID: m.ID, Key: key, Payload: m.Payload, Headers: headers, NotBefore: m.NotBefore}
-	if err := Validate(lim, dst); err != nil {
-		return err
-	}
-	if dst.ID == "" {
-		dst.ID = keyorder.NewID()
-	}
-	return nil
-}
 
 // Validate checks a driver message against the portable key and header rule
 // and lim, and returns a *keyorder.LimitError (matching
