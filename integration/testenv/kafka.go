@@ -133,7 +133,7 @@ func StartKafka(ctx context.Context, o Options) (*Server, error) {
 			}
 			return fmt.Errorf("broker not registered yet (metadata lists %v)", brokers)
 		}
-		if err := p.waitReady(ctx, o.startTimeout(90*time.Second), ready); err != nil {
+		if err := p.waitReady(ctx, o.startTimeout(180*time.Second), ready); err != nil {
 			p.stop()
 			return nil, err
 		}
