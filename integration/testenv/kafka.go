@@ -82,8 +82,9 @@ background.threads=4
 // Measured on the 2-core machine (2026-12-03, Kafka 4.3.2, Java 17), see
 // integration/README.md: the first run with an empty Maven cache resolves the
 // jars (56 MB downloaded, 44 MB copied) in about 17 s; warm, the broker is ready
-// about 3-4 s after launch on a quiet machine and 10-11 s at load average 7-10;
-// stopping takes about 1 s.
+// about 4 s after launch on a quiet machine, 10-16 s alone at load average
+// 7-16 and 62 s with all five servers starting at load average 19 (hence the
+// 180 s default timeout); stopping takes about 1 s.
 func StartKafka(ctx context.Context, o Options) (*Server, error) {
 	java, cp, resolved, err := javaClasspath(ctx, &o, Kafka)
 	if err != nil {
@@ -91,18 +92,14 @@ func StartKafka(ctx context.Context, o Options) (*Server, error) {
 	}
 	src := filepath.Join(o.RepoRoot, javaDir, Kafka)
 	logConf := "-Dlog4j2.configurationFile=" + filepath.Join(src, "log4j2.xml")
-	storage, err := kafkaStorageTemplate(ctx, &o, java, cp, logConf)
-	if err != nil {
-		return nil, err
-	}
 	return startWithRetry(ctx, &o, Kafka, 3, func(attempt int) (*Server, error) {
 		dir := filepath.Join(o.Dir, Kafka, strconv.Itoa(attempt))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
 		data := filepath.Join(dir, "data")
-		if err := os.CopyFS(data, os.DirFS(storage)); err != nil {
-			return nil, fmt.Errorf("kafka: copy the formatted storage: %w", err)
+		if err := copyKafkaStorage(ctx, &o, java, cp, logConf, data); err != nil {
+			return nil, err
 		}
 		ports, err := freePorts(2)
 		if err != nil {
@@ -158,11 +155,29 @@ func kafkaConfig(addr string, controllerPort int, logDir string) string {
 		addr, controllerPort, addr, controllerPort, logDir)
 }
 
-// kafkaStorageTemplate returns integration/java/target/kafka-storage, a log
+// copyKafkaStorage copies integration/java/target/kafka-storage, a log
 // directory formatted by kafka.tools.StorageTool for the broker configuration,
-// formatting it first if it is missing or was made for other jars or another
-// configuration (a stamp file holds what it was made for). Concurrent
+// to dst, formatting it first if it is missing or was made for other jars or
+// another configuration (a stamp file holds what it was made for). Concurrent
 // launchers are serialised with a lock file.
+func copyKafkaStorage(ctx context.Context, o *Options, java, cp, logConf, dst string) error {
+	unlock, err := lockFile(ctx, filepath.Join(o.RepoRoot, javaDir, "target", "kafka-storage.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	tmpl, err := kafkaStorageTemplate(ctx, o, java, cp, logConf)
+	if err != nil {
+		return err
+	}
+	if err := os.CopyFS(dst, os.DirFS(tmpl)); err != nil {
+		return fmt.Errorf("kafka: copy the formatted storage: %w", err)
+	}
+	return nil
+}
+
+// kafkaStorageTemplate returns the formatted template directory, making it
+// first if needed. The caller holds the lock.
 func kafkaStorageTemplate(ctx context.Context, o *Options, java, cp, logConf string) (string, error) {
 	target := filepath.Join(o.RepoRoot, javaDir, "target")
 	tmpl := filepath.Join(target, "kafka-storage")
@@ -171,11 +186,6 @@ func kafkaStorageTemplate(ctx context.Context, o *Options, java, cp, logConf str
 	// template is made again next time.
 	lib, _ := os.ReadFile(filepath.Join(target, Kafka+"-lib.stamp"))
 	stamp := fmt.Sprintf("%s\n%s", lib, kafkaConf)
-	unlock, err := lockFile(ctx, tmpl+".lock")
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
 	if b, err := os.ReadFile(stampPath); err == nil && string(b) == stamp {
 		if _, err := os.Stat(filepath.Join(tmpl, "meta.properties")); err == nil {
 			return tmpl, nil
