@@ -66,10 +66,10 @@ background.threads=4
 //
 // A KRaft log directory must be formatted before the first start. Kafka's own
 // tool does that (kafka.tools.StorageTool format, what `kafka-storage.sh format`
-// runs), but it is a JVM start of its own: 1.5 s on a quiet 2-core machine, 4-7 s
-// under load. With a static quorum the formatted directory holds nothing that
-// depends on the ports or the path (meta.properties: cluster, node and directory
-// ids; bootstrap.checkpoint: the feature levels), so it is formatted once into
+// runs), but it is a JVM start of its own (1-4 s on the loaded 2-core machine).
+// With a static quorum the formatted directory holds nothing that depends on
+// the ports or the path (meta.properties: cluster, node and directory ids;
+// bootstrap.checkpoint: the feature levels), so it is formatted once into
 // integration/java/target/kafka-storage (again when the jars or the broker
 // configuration change) and copied for each start.
 //
