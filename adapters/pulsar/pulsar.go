@@ -174,8 +174,8 @@ const (
 
 // Limits.
 const (
-	// DefaultMaxMessageBytes is the broker's default maxMessageSize (5 MiB).
-	DefaultMaxMessageBytes = 5 * 1024 * 1024
+	// MaxMessageBytesDefault is the broker's default maxMessageSize (5 MiB).
+	MaxMessageBytesDefault = 5 * 1024 * 1024
 	// MetadataRoom is what the payload limit leaves of the broker's maximum
 	// message size for the message's metadata: the key (carried twice, as
 	// key and ordering key), properties and the client's fields.
