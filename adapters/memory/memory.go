@@ -30,8 +30,8 @@
 //
 // # Ordering
 //
-// Native: the subscription is a groupq.Queue: the oldest deliverable message
-// goes first; under Exclusive and Ordered nothing of a group is handed out
+// Native: the subscription is a queue of ordering groups: the oldest
+// deliverable message goes first; under Exclusive and Ordered nothing of a group is handed out
 // while one of its messages is leased; Nack under Ordered holds the group
 // until the retry time. InProcess: messages of a key go, in order, to one
 // consumer at a time (the one holding unsettled messages of the key).
