@@ -11,6 +11,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -64,8 +65,8 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	check("subscribe.Open other ordering", err, keyorder.ErrFailedPrecondition, keyorder.CodeFailedPrecondition)
 
 	b := memory.NewBroker()
-	b.CreateTopic("t", &memory.TopicConfig{MaxKeyBytes: 4})
-	pub, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet, SendRetries: -1})
+	b.CreateTopic("t", &memory.TopicOptions{MaxKeyBytes: 4})
+	pub, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Logger: quiet, SendRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +74,13 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	check("Publish no key", err, keyorder.ErrMissingKey, keyorder.CodeInvalidArgument)
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "too-long", Payload: []byte("x")})
 	check("Publish key too long", err, keyorder.ErrInvalidMessage, keyorder.CodeInvalidArgument)
-	b.FailSends("t", func([]*driver.Message) error { return errors.New("boom") })
+	memhook.Of(b).FailSends("t", func([]*driver.Message) error { return errors.New("boom") })
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
 	check("Publish broker failure", err, keyorder.ErrBackend, keyorder.CodeUnknown)
-	b.FailSends("t", func([]*driver.Message) error { return memory.ErrTransient })
+	memhook.Of(b).FailSends("t", func([]*driver.Message) error { return memhook.ErrTransient })
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	check("Publish transient failure", err, keyorder.ErrUnavailable, keyorder.CodeUnavailable)
-	b.FailSends("t", nil)
+	memhook.Of(b).FailSends("t", nil)
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")})
 	check("Publish paused key", err, keyorder.ErrKeyPaused, keyorder.CodeFailedPrecondition)
 	cctx, cancel := context.WithCancel(ctx)
@@ -93,7 +94,7 @@ func TestPortableErrorsHaveCodes(t *testing.T) {
 	if err := b.CreateSubscription("t", "s", nil); err != nil {
 		t.Fatal(err)
 	}
-	drv, err := b.SubscriptionDriver("s")
+	drv, err := memhook.Of(b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}

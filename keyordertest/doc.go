@@ -40,8 +40,10 @@
 //
 // On the in-memory backend (adapters/memory), FailHandler makes chosen
 // handlings fail or panic (by key, message ID, payload, attempt),
-// FailPublishes makes chosen sends fail (by key or call number), and
-// StartConsumer runs a subscriber whose Crash loses the consumer — its
+// FailPublishes makes chosen sends fail (by key or call number),
+// FailSettlements makes chosen acknowledgements, nacks, releases, dead
+// letters and lease extensions fail (by operation, key or call number;
+// before or after taking effect), and StartConsumer runs a subscriber whose Crash loses the consumer — its
 // leases expire without settlement, as a dead process's do — and whose
 // Restart starts its replacement. Run them inside testing/synctest and the
 // retries, lease expiries and backoffs take no real time.

@@ -20,7 +20,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	b := memory.NewBroker()
-	b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionOptions{Ordering: policy.Ordered})
 	pub, _ := b.OpenTopic("ledger", nil)
 	defer pub.Close(ctx)
 

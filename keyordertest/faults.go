@@ -11,11 +11,17 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
 // ErrInjected is the error an injected fault returns when it names none.
 var ErrInjected = errors.New("keyordertest: injected failure")
+
+// ErrTransient makes an injected publish or settlement failure retryable:
+// the memory broker's drivers report an error wrapping it as transient, so
+// the publisher and the subscriber retry it. Any other error is permanent.
+var ErrTransient = memhook.ErrTransient
 
 // Fault is a failure injected into a handler by FailHandler. The zero
 // fields of its match part match any delivery.
@@ -87,8 +93,8 @@ type PublishFault struct {
 	// every send since FailPublishes was called.
 	Calls []int
 	// Err is what the send returns. Defaults to ErrInjected, which the
-	// publisher treats as permanent (the key pauses); wrap memory.ErrTransient
-	// to make it retryable.
+	// publisher treats as permanent (the key pauses); wrap ErrTransient to
+	// make it retryable.
 	Err error
 	// Times bounds how many sends the fault fails; 0 means every match.
 	Times int
@@ -96,13 +102,14 @@ type PublishFault struct {
 
 // FailPublishes makes sends to topic on b fail as faults say: the first
 // fault that matches a send and has hits left fails it, and nothing of it
-// is delivered. It replaces an earlier FailPublishes or Broker.FailSends on
-// the topic; stop removes it.
+// is delivered. It replaces an earlier FailPublishes on the topic; stop
+// removes it.
 func FailPublishes(b *memory.Broker, topic string, faults ...PublishFault) (stop func()) {
 	var mu sync.Mutex
 	calls := 0
 	hits := make([]int, len(faults))
-	b.FailSends(topic, func(ms []*driver.Message) error {
+	h := memhook.Of(b)
+	h.FailSends(topic, func(ms []*driver.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
@@ -128,7 +135,81 @@ func FailPublishes(b *memory.Broker, topic string, faults ...PublishFault) (stop
 		}
 		return nil
 	})
-	return func() { b.FailSends(topic, nil) }
+	return func() { h.FailSends(topic, nil) }
+}
+
+// SettleOp names a settlement call a subscriber makes to the broker.
+type SettleOp string
+
+// The settlement calls FailSettlements can fail.
+const (
+	SettleAck          SettleOp = SettleOp(memhook.OpAck)
+	SettleNack         SettleOp = SettleOp(memhook.OpNack)
+	SettleRelease      SettleOp = SettleOp(memhook.OpRelease)
+	SettleDeadLetter   SettleOp = SettleOp(memhook.OpDeadLetter)
+	SettleExtendLeases SettleOp = SettleOp(memhook.OpExtendLeases)
+)
+
+// SettleFault makes settlement calls of a memory subscription fail
+// (FailSettlements). The zero fields of its match part match any call.
+type SettleFault struct {
+	// Ops selects calls by operation.
+	Ops []SettleOp
+	// Keys selects calls by the key of one of their messages.
+	Keys []string
+	// Calls selects calls by their number on the subscription, counting
+	// from 1 every call since FailSettlements was called.
+	Calls []int
+	// Err is what the call returns. Defaults to ErrInjected, which is
+	// permanent; wrap ErrTransient to make it retryable.
+	Err error
+	// Applied makes the call take effect before Err is returned, as when
+	// the broker acted but its answer was lost on the way back.
+	Applied bool
+	// Times bounds how many calls the fault fails; 0 means every match.
+	Times int
+}
+
+// FailSettlements makes settlement calls (acknowledge, nack, release, dead
+// letter, lease extension) of every consumer of the subscription subName
+// on b fail as faults say: the first fault that matches a call and has
+// hits left fails it. It replaces an earlier FailSettlements on the
+// subscription; stop removes it. It fails when the subscription does not
+// exist.
+func FailSettlements(b *memory.Broker, subName string, faults ...SettleFault) (stop func(), err error) {
+	var mu sync.Mutex
+	calls := 0
+	hits := make([]int, len(faults))
+	h := memhook.Of(b)
+	err = h.FailSettlements(subName, func(op memhook.Op, ms []*driver.Message) memhook.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		for i, f := range faults {
+			if f.Times != 0 && hits[i] >= f.Times {
+				continue
+			}
+			if len(f.Ops) > 0 && !slices.Contains(f.Ops, SettleOp(op)) {
+				continue
+			}
+			if len(f.Keys) > 0 && !slices.ContainsFunc(ms, func(m *driver.Message) bool { return slices.Contains(f.Keys, m.Key) }) {
+				continue
+			}
+			if len(f.Calls) > 0 && !slices.Contains(f.Calls, calls) {
+				continue
+			}
+			hits[i]++
+			if f.Err != nil {
+				return memhook.Fault{Err: f.Err, Applied: f.Applied}
+			}
+			return memhook.Fault{Err: ErrInjected, Applied: f.Applied}
+		}
+		return memhook.Fault{}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return func() { h.FailSettlements(subName, nil) }, nil
 }
 
 // Consumer is a subscriber running on its own consumer of a memory
@@ -143,7 +224,7 @@ type Consumer struct {
 	subName string
 	cfg     *subscribe.Config
 	h       subscribe.HandlerFunc
-	drv     *memory.Subscription
+	drv     memhook.Subscription
 	done    chan error
 	once    sync.Once
 	crashed bool
@@ -155,7 +236,7 @@ type Consumer struct {
 // running. A failure to start fails the test.
 func StartConsumer(tb testing.TB, b *memory.Broker, subName string, cfg *subscribe.Config, h subscribe.HandlerFunc) *Consumer {
 	tb.Helper()
-	drv, err := b.SubscriptionDriver(subName)
+	drv, err := memhook.Of(b).SubscriptionDriver(subName)
 	if err != nil {
 		tb.Fatalf("keyordertest: open consumer of %q: %v", subName, err)
 	}
@@ -186,7 +267,7 @@ func (c *Consumer) Stop() {
 }
 
 // Crash kills the consumer as a process dies: from now on nothing it does
-// reaches the broker (memory.Subscription.Crash). Handlers already running
+// reaches the broker. Handlers already running
 // finish, but what they return is never settled; every message the
 // consumer held is redelivered when its lease expires (the subscription's
 // lease duration), counting an attempt. Crash returns when the subscriber
@@ -195,7 +276,7 @@ func (c *Consumer) Crash() {
 	c.once.Do(func() {
 		c.crashed = true
 		c.drv.Crash()
-		if err := <-c.done; err != nil && !errors.Is(err, memory.ErrCrashed) {
+		if err := <-c.done; err != nil && !errors.Is(err, memhook.ErrCrashed) {
 			c.tb.Errorf("keyordertest: Run after Crash: %v", err)
 		}
 		c.Subscriber.Close(context.Background())

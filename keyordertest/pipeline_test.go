@@ -15,6 +15,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -48,10 +49,10 @@ type pipeline struct {
 func newPipeline(t *testing.T, ordering policy.Ordering) *pipeline {
 	t.Helper()
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: ordering, LeaseDuration: 10 * time.Second}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: ordering, LeaseDuration: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet})
+	pub, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestCatchesReorderingSubscriber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPipeline(t, policy.Parallel)
 		p.publish(t, "a1:A", "b1:B", "a2:A", "a3:A")
-		drv, err := p.b.SubscriptionDriver("s")
+		drv, err := memhook.Of(p.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}

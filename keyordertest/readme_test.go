@@ -20,7 +20,7 @@ import (
 func TestLedgerKeepsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) { // fake clock: backoffs and leases take no time
 		b := memory.NewBroker()
-		b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionConfig{
+		b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionOptions{
 			Ordering: policy.Ordered, LeaseDuration: 30 * time.Second,
 		})
 		pub, _ := b.OpenTopic("ledger", nil)

@@ -77,7 +77,7 @@ func benchLanes(b *testing.B, cfg *Config) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if err := p.Submit(ctx, benchKeyNames[i%benchKeys], true, time.Time{}, i); err != nil {
+		if err := p.Submit(ctx, Item{Key: benchKeyNames[i%benchKeys], Keyed: true}, i); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -128,7 +128,7 @@ func benchLanesFair(b *testing.B, cfg *Config) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if err := p.SubmitFair(ctx, benchFairKeys[i%len(benchFairKeys)], benchKeyNames[i%benchKeys], true, time.Time{}, i); err != nil {
+		if err := p.Submit(ctx, Item{Key: benchKeyNames[i%benchKeys], Keyed: true, Fairness: benchFairKeys[i%len(benchFairKeys)]}, i); err != nil {
 			b.Fatal(err)
 		}
 	}

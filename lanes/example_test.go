@@ -36,7 +36,7 @@ func Example() {
 		account string
 		id      int
 	}{{"acct-42", 101}, {"acct-42", 102}, {"acct-7", 201}} {
-		if err := p.Submit(ctx, m.account, true, time.Time{}, m.id); err != nil {
+		if err := p.Submit(ctx, lanes.Item{Key: m.account, Keyed: true}, m.id); err != nil {
 			panic(err)
 		}
 	}
@@ -92,7 +92,7 @@ func Example_shared() {
 	for n := range 12 {
 		key, keyed := []string{"acct-42", "acct-7", ""}[n%3], n%3 != 2
 		wg.Add(1)
-		if err := p.Submit(ctx, key, keyed, time.Time{}, n); err != nil {
+		if err := p.Submit(ctx, lanes.Item{Key: key, Keyed: keyed}, n); err != nil {
 			panic(err)
 		}
 	}

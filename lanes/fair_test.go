@@ -33,13 +33,13 @@ func fairRun(t *testing.T, cfg *Config, items [][3]string) []string {
 		})
 		workers := max(cfg.Workers, 1)
 		for i := range workers {
-			if err := p.SubmitFair(context.Background(), "gate", fmt.Sprint("gate", i), true, time.Time{}, "gate"); err != nil {
+			if err := p.Submit(context.Background(), Item{Key: fmt.Sprint("gate", i), Keyed: true, Fairness: "gate"}, "gate"); err != nil {
 				t.Fatal(err)
 			}
 		}
 		synctest.Wait()
 		for _, it := range items {
-			if err := p.SubmitFair(context.Background(), it[2], it[1], it[1] != "", time.Time{}, it[0]); err != nil {
+			if err := p.Submit(context.Background(), Item{Key: it[1], Keyed: it[1] != "", Fairness: it[2]}, it[0]); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -145,7 +145,7 @@ func TestFairRetryHoldsOnlyItsKey(t *testing.T) {
 				return Done()
 			})
 		for _, it := range [][3]string{{"a1", "A", "t1"}, {"a2", "A", "t1"}, {"b1", "B", "t2"}, {"c1", "C", "t1"}} {
-			if err := p.SubmitFair(context.Background(), it[2], it[1], true, time.Time{}, it[0]); err != nil {
+			if err := p.Submit(context.Background(), Item{Key: it[1], Keyed: true, Fairness: it[2]}, it[0]); err != nil {
 				t.Fatal(err)
 			}
 		}

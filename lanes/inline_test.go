@@ -31,7 +31,7 @@ func TestSubmitOrRunRunsInCaller(t *testing.T) {
 						})
 					for _, key := range []string{"k", "k", ""} {
 						n := 0
-						ran, err := p.SubmitOrRun(context.Background(), key, key != "", &n)
+						ran, err := p.SubmitOrRun(context.Background(), Item{Key: key, Keyed: key != ""}, &n)
 						if err != nil || !ran {
 							t.Fatalf("SubmitOrRun(%q) = %v, %v; want true, nil", key, ran, err)
 						}
@@ -70,7 +70,7 @@ func TestSubmitOrRunQueuesBehindItsKey(t *testing.T) {
 					keys := otherLanes(p, 2)
 					submit(t, p, keys[0], time.Time{}, "a1")
 					synctest.Wait()
-					ran, err := p.SubmitOrRun(context.Background(), keys[0], true, "a2")
+					ran, err := p.SubmitOrRun(context.Background(), Item{Key: keys[0], Keyed: true}, "a2")
 					if err != nil || ran {
 						t.Fatalf("SubmitOrRun behind a running item = %v, %v; want false, nil", ran, err)
 					}
@@ -80,7 +80,7 @@ func TestSubmitOrRunQueuesBehindItsKey(t *testing.T) {
 					}
 					if a == Shared {
 						// A free worker's place: another key runs in the caller.
-						if ran, err := p.SubmitOrRun(context.Background(), keys[1], true, "b1"); err != nil || !ran {
+						if ran, err := p.SubmitOrRun(context.Background(), Item{Key: keys[1], Keyed: true}, "b1"); err != nil || !ran {
 							t.Fatalf("SubmitOrRun of another key = %v, %v; want true, nil", ran, err)
 						}
 					}
@@ -117,14 +117,14 @@ func TestSubmitOrRunTakesAWorkersPlace(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, v := range []string{"a", "b"} {
 			wg.Go(func() {
-				if ran, err := p.SubmitOrRun(context.Background(), v, true, v); err != nil || !ran {
+				if ran, err := p.SubmitOrRun(context.Background(), Item{Key: v, Keyed: true}, v); err != nil || !ran {
 					t.Errorf("SubmitOrRun(%s) = %v, %v; want true, nil", v, ran, err)
 				}
 			})
 			synctest.Wait()
 		}
 		submit(t, p, "c", time.Time{}, "c")
-		if ran, err := p.SubmitOrRun(context.Background(), "d", true, "d"); err != nil || ran {
+		if ran, err := p.SubmitOrRun(context.Background(), Item{Key: "d", Keyed: true}, "d"); err != nil || ran {
 			t.Fatalf("SubmitOrRun with every place taken = %v, %v; want false, nil", ran, err)
 		}
 		synctest.Wait()
@@ -162,10 +162,10 @@ func TestSubmitOrRunRetry(t *testing.T) {
 				}
 				return Done()
 			})
-		if ran, err := p.SubmitOrRun(context.Background(), "a", true, "a1"); err != nil || !ran {
+		if ran, err := p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true}, "a1"); err != nil || !ran {
 			t.Fatalf("SubmitOrRun(a1) = %v, %v; want true, nil", ran, err)
 		}
-		if ran, err := p.SubmitOrRun(context.Background(), "a", true, "a2"); err != nil || ran {
+		if ran, err := p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true}, "a2"); err != nil || ran {
 			t.Fatalf("SubmitOrRun(a2) behind a held key = %v, %v; want false, nil", ran, err)
 		}
 		time.Sleep(time.Hour)
@@ -196,9 +196,9 @@ func TestSubmitOrRunPanic(t *testing.T) {
 					t.Errorf("recovered %v, want boom", r)
 				}
 			}()
-			p.SubmitOrRun(context.Background(), "a", true, "a1")
+			p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true}, "a1")
 		}()
-		if ran, err := p.SubmitOrRun(context.Background(), "a", true, "a2"); err != nil || !ran {
+		if ran, err := p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true}, "a2"); err != nil || !ran {
 			t.Errorf("SubmitOrRun after a panic = %v, %v; want true, nil", ran, err)
 		}
 		if got := rec.names(); !slices.Equal(got, []string{"a1", "a2"}) {
@@ -218,7 +218,7 @@ func TestCloseWaitsForSubmitOrRun(t *testing.T) {
 				<-gate
 				return Done()
 			})
-		go p.SubmitOrRun(context.Background(), "a", true, "a1")
+		go p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true}, "a1")
 		synctest.Wait()
 		closed := make(chan error, 1)
 		go func() {
@@ -231,7 +231,7 @@ func TestCloseWaitsForSubmitOrRun(t *testing.T) {
 			t.Fatalf("Close returned (%v) while a caller's handler runs", err)
 		default:
 		}
-		if _, err := p.SubmitOrRun(context.Background(), "b", true, "b1"); !errors.Is(err, keyorder.ErrClosed) {
+		if _, err := p.SubmitOrRun(context.Background(), Item{Key: "b", Keyed: true}, "b1"); !errors.Is(err, keyorder.ErrClosed) {
 			t.Errorf("SubmitOrRun after Close = %v, want ErrClosed", err)
 		}
 		close(gate)
@@ -327,11 +327,11 @@ func stressInline(t *testing.T, a Assignment, o policy.Ordering, seed uint64) (r
 		wg.Go(func() {
 			for i := range per {
 				if krng.IntN(4) == 0 {
-					if err := p.Submit(context.Background(), key, true, time.Time{}, msg{key, i}); err != nil {
+					if err := p.Submit(context.Background(), Item{Key: key, Keyed: true}, msg{key, i}); err != nil {
 						t.Errorf("Submit: %v", err)
 					}
 				} else {
-					ran, err := p.SubmitOrRun(context.Background(), key, true, msg{key, i})
+					ran, err := p.SubmitOrRun(context.Background(), Item{Key: key, Keyed: true}, msg{key, i})
 					if err != nil {
 						t.Errorf("SubmitOrRun: %v", err)
 					}
@@ -383,7 +383,7 @@ func TestSubmitOrRunSteadyStateAllocs(t *testing.T) {
 			inline := 0
 			round := func() {
 				for i := range 1000 {
-					ran, err := p.SubmitOrRun(ctx, keys[i%len(keys)], true, i)
+					ran, err := p.SubmitOrRun(ctx, Item{Key: keys[i%len(keys)], Keyed: true}, i)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -401,4 +401,30 @@ func TestSubmitOrRunSteadyStateAllocs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSubmitOrRunNotBefore: an item that is not due yet is queued, not run
+// in the caller, and runs not before its NotBefore.
+func TestSubmitOrRunNotBefore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		started := make(chan time.Time, 1)
+		p, err := New(&Config{Workers: 1}, func(ctx context.Context, key string, keyed bool, v string) Result {
+			started <- time.Now()
+			return Done()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now().Add(time.Minute)
+		ran, err := p.SubmitOrRun(context.Background(), Item{Key: "a", Keyed: true, NotBefore: at}, "a1")
+		if err != nil || ran {
+			t.Fatalf("SubmitOrRun of a future item = %v, %v; want queued (false, nil)", ran, err)
+		}
+		if got := <-started; got.Before(at) {
+			t.Fatalf("item started at %v, before its NotBefore %v", got, at)
+		}
+		if _, err := p.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -32,8 +32,8 @@
 //
 // # Fairness
 //
-// With Config.Fair a lane chooses among fairness keys (the fairKey given to
-// SubmitFair, a tenant for example) round robin, optionally weighted by
+// With Config.Fair a lane chooses among fairness keys (Item.Fairness, a
+// tenant for example) round robin, optionally weighted by
 // Config.FairWeight, instead of taking the oldest deliverable item: a
 // fairness key with a thousand items waiting gets one turn, like a key with
 // one. Ordering still wins: a key's items run in the key's order whatever
@@ -168,7 +168,7 @@ type Config struct {
 	// those in flight; Submit blocks while the lane is full. Defaults to
 	// CapacityDefault; must not be negative.
 	Capacity int
-	// Fair makes each lane serve fairness keys (see SubmitFair) round
+	// Fair makes each lane serve fairness keys (Item.Fairness) round
 	// robin instead of by arrival alone; see the package documentation.
 	// Defaults to false: the oldest deliverable item goes first.
 	Fair bool
@@ -344,10 +344,25 @@ func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
 	return p.lanes[i]
 }
 
-// Submit queues v on its lane. keyed reports whether v belongs to the group
-// key (key is ignored otherwise). v is not delivered before notBefore (zero
-// means now); under Ordered a not-yet-due item holds its key until then, and
-// under Exclusive and Parallel later items of its key may run first.
+// Item says where a submitted value goes and when it may run. The zero
+// Item is a keyless item that may run now.
+type Item struct {
+	// Key is the item's ordering key; it is ignored unless Keyed.
+	Key string
+	// Keyed reports whether the item belongs to the group Key. A keyless
+	// item belongs to no group and runs whenever a worker is free.
+	Keyed bool
+	// NotBefore is the earliest time the item may run (zero: now). Under
+	// Ordered a not-yet-due item holds its key until then; under Exclusive
+	// and Parallel later items of its key may run first.
+	NotBefore time.Time
+	// Fairness is the item's fairness key (a tenant, for example): in a
+	// pool with Config.Fair each lane serves fairness keys round robin (see
+	// the package documentation). Without Config.Fair it is ignored.
+	Fairness string
+}
+
+// Submit queues v on its lane, as it says (see Item).
 //
 // Submit blocks while the lane already holds Config.Capacity waiting items;
 // if ctx ends first it returns ctx.Err() (a Submit that finds room does not
@@ -355,14 +370,8 @@ func (p *Pool[T]) laneFor(key string, keyed bool) *lane[T] {
 //
 // A handler may call Submit, but if it blocks on a full lane whose workers
 // are all inside such calls, nothing frees space: give it a ctx that ends.
-func (p *Pool[T]) Submit(ctx context.Context, key string, keyed bool, notBefore time.Time, v T) error {
-	return p.SubmitFair(ctx, "", key, keyed, notBefore, v)
-}
-
-// SubmitFair is Submit with a fairness key: in a pool with Config.Fair,
-// each lane serves fairness keys round robin (see the package
-// documentation). Without Config.Fair the fairness key is ignored.
-func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed bool, notBefore time.Time, v T) error {
+func (p *Pool[T]) Submit(ctx context.Context, it Item, v T) error {
+	key, keyed, notBefore := it.Key, it.Keyed, it.NotBefore
 	if !keyed {
 		key = ""
 	}
@@ -381,7 +390,7 @@ func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed boo
 		l.mu.Unlock()
 		return keyorder.ErrClosed
 	}
-	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v, Fair: fairKey})
+	l.staged.push(groupq.Item[T]{Key: key, Keyed: keyed, At: notBefore, Value: v, Fair: it.Fairness})
 	if l.idle > 0 {
 		// The woken worker takes the item, or files it in q (which then
 		// knows when a delayed item is due) before it waits again.
@@ -402,7 +411,8 @@ func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed boo
 // are in flight than the lane has workers (the caller takes a worker's
 // place, so Config.Workers still bounds the handlers running at once), and
 // its key does not hold it (under Exclusive and Ordered an item of the key
-// in flight; under Ordered one waiting for a retry).
+// in flight; under Ordered one waiting for a retry), and it is due (its
+// NotBefore is not in the future).
 // Otherwise (and always in a pool with Config.Fair) the item is queued
 // exactly as Submit queues it (ran is false) and a worker runs it in its
 // turn. Either way the item takes its place in
@@ -414,7 +424,11 @@ func (p *Pool[T]) SubmitFair(ctx context.Context, fairKey, key string, keyed boo
 // worker, and a worker runs it again. SubmitOrRun returns
 // keyorder.ErrClosed once Close has started; Close waits for the handlers
 // running in callers' goroutines too.
-func (p *Pool[T]) SubmitOrRun(ctx context.Context, key string, keyed bool, v T) (ran bool, err error) {
+func (p *Pool[T]) SubmitOrRun(ctx context.Context, it Item, v T) (ran bool, err error) {
+	if !it.NotBefore.IsZero() && it.NotBefore.After(time.Now()) {
+		return false, p.Submit(ctx, it, v)
+	}
+	key, keyed := it.Key, it.Keyed
 	if !keyed {
 		key = ""
 	}
@@ -422,7 +436,7 @@ func (p *Pool[T]) SubmitOrRun(ctx context.Context, key string, keyed bool, v T) 
 	// The caller's goroutine is often a fresh one, with the smallest
 	// stack: the handle lives in this frame, and the rarer work is done in
 	// calls of their own, so that the handler starts without growing it.
-	h := groupq.Handle[T]{Item: groupq.Item[T]{Key: key, Keyed: keyed, Value: v}}
+	h := groupq.Handle[T]{Item: groupq.Item[T]{Key: key, Keyed: keyed, Value: v, Fair: it.Fairness}}
 	if s := l.startInline(&h, &p.inline); s != inlineStarted {
 		return p.notInline(ctx, s, &h.Item)
 	}
@@ -454,7 +468,7 @@ func (p *Pool[T]) notInline(ctx context.Context, s inlineStart, it *groupq.Item[
 	case inlineQueued:
 		return false, nil
 	}
-	return false, p.Submit(ctx, it.Key, it.Keyed, time.Time{}, it.Value)
+	return false, p.Submit(ctx, Item{Key: it.Key, Keyed: it.Keyed, Fairness: it.Fair}, it.Value)
 }
 
 // inlineStart is what startInline did with an item.

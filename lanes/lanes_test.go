@@ -83,7 +83,7 @@ func mustNew[T any](t *testing.T, cfg *Config, h Handler[T]) *Pool[T] {
 
 func submit[T any](t *testing.T, p *Pool[T], key string, notBefore time.Time, v T) {
 	t.Helper()
-	if err := p.Submit(context.Background(), key, key != "", notBefore, v); err != nil {
+	if err := p.Submit(context.Background(), Item{Key: key, Keyed: key != "", NotBefore: notBefore}, v); err != nil {
 		t.Fatalf("Submit(%q): %v", key, err)
 	}
 }
@@ -475,7 +475,7 @@ func TestKeyless(t *testing.T) {
 				return Done()
 			})
 		for i := range 3 {
-			if err := p.Submit(context.Background(), "ignored", false, time.Time{}, i); err != nil {
+			if err := p.Submit(context.Background(), Item{Key: "ignored"}, i); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -509,7 +509,7 @@ func TestBackpressure(t *testing.T) {
 			t.Fatalf("Stats = %+v, want 2 queued, 1 in flight", s)
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- p.Submit(context.Background(), "k", true, time.Time{}, 3) }()
+		go func() { errc <- p.Submit(context.Background(), Item{Key: "k", Keyed: true}, 3) }()
 		synctest.Wait()
 		select {
 		case err := <-errc:
@@ -530,14 +530,14 @@ func TestBackpressure(t *testing.T) {
 		// Full again: a deadline ends the wait.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		start := time.Now()
-		err := p.Submit(ctx, "k", true, time.Time{}, 4)
+		err := p.Submit(ctx, Item{Key: "k", Keyed: true}, 4)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != time.Second {
 			t.Fatalf("Submit with deadline = %v after %v, want DeadlineExceeded after 1s", err, time.Since(start))
 		}
 		// And a cancellation.
 		ctx, cancel = context.WithCancel(context.Background())
-		go func() { errc <- p.Submit(ctx, "k", true, time.Time{}, 5) }()
+		go func() { errc <- p.Submit(ctx, Item{Key: "k", Keyed: true}, 5) }()
 		synctest.Wait()
 		cancel()
 		if err := <-errc; !errors.Is(err, context.Canceled) {
@@ -546,7 +546,7 @@ func TestBackpressure(t *testing.T) {
 
 		// Several blocked Submits are all admitted as slots free.
 		for i := range 3 {
-			go func() { errc <- p.Submit(context.Background(), "k", true, time.Time{}, 10+i) }()
+			go func() { errc <- p.Submit(context.Background(), Item{Key: "k", Keyed: true}, 10+i) }()
 		}
 		synctest.Wait()
 		close(gate)
@@ -595,7 +595,7 @@ func TestClose(t *testing.T) {
 				submit(t, p, "r", time.Time{}, "r2")
 				// The lane is full (r1, x2, d1, s1, r2): one more blocks.
 				errc := make(chan error, 1)
-				go func() { errc <- p.Submit(context.Background(), "y", true, time.Time{}, "y1") }()
+				go func() { errc <- p.Submit(context.Background(), Item{Key: "y", Keyed: true}, "y1") }()
 
 				type res struct {
 					left []string
@@ -615,7 +615,7 @@ func TestClose(t *testing.T) {
 				if err := <-errc; !errors.Is(err, keyorder.ErrClosed) {
 					t.Errorf("Submit blocked when Close started = %v, want ErrClosed", err)
 				}
-				if err := p.Submit(context.Background(), "z", true, time.Time{}, "z1"); !errors.Is(err, keyorder.ErrClosed) {
+				if err := p.Submit(context.Background(), Item{Key: "z", Keyed: true}, "z1"); !errors.Is(err, keyorder.ErrClosed) {
 					t.Errorf("Submit after Close = %v, want ErrClosed", err)
 				}
 				close(gate)
@@ -743,13 +743,13 @@ func TestSteadyStateAllocs(t *testing.T) {
 			ctx := context.Background()
 			round := func() {
 				for i := range 1000 {
-					if err := p.Submit(ctx, keys[i%len(keys)], true, time.Time{}, i); err != nil {
+					if err := p.Submit(ctx, Item{Key: keys[i%len(keys)], Keyed: true}, i); err != nil {
 						t.Fatal(err)
 					}
 				}
 				// One marker per lane, then wait for both.
 				for _, k := range markers {
-					p.Submit(ctx, k, true, time.Time{}, -1)
+					p.Submit(ctx, Item{Key: k, Keyed: true}, -1)
 				}
 				<-done
 				<-done
@@ -959,7 +959,7 @@ func matchModel(t *testing.T, o policy.Ordering, seed uint64) {
 		if it.nb > 0 {
 			nb = start.Add(it.nb)
 		}
-		if err := p.Submit(context.Background(), it.key, it.key != "", nb, i); err != nil {
+		if err := p.Submit(context.Background(), Item{Key: it.key, Keyed: it.key != "", NotBefore: nb}, i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1007,7 +1007,7 @@ func TestWaitAtHoldsKeyUnderExclusive(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, it := range [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}} {
-					if err := p.Submit(context.Background(), it[0], true, time.Time{}, it[1]); err != nil {
+					if err := p.Submit(context.Background(), Item{Key: it[0], Keyed: true}, it[1]); err != nil {
 						t.Fatal(err)
 					}
 				}

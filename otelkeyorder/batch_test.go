@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/otelkeyorder"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -27,14 +28,14 @@ func TestBatchSpans(t *testing.T) {
 		ctx := context.Background()
 		k := newKit(t)
 		br := memory.NewBroker()
-		if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess}); err != nil {
+		if err := br.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess}); err != nil {
 			t.Fatal(err)
 		}
-		sdrv, err := br.SubscriptionDriver("s")
+		sdrv, err := memhook.Of(br).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub, err := publish.New(br.TopicDriver("t"), &publish.Config{Observer: k.tel.Publisher("memory", "t")})
+		pub, err := publish.New(memhook.Of(br).TopicDriver("t"), &publish.Config{Observer: k.tel.Publisher("memory", "t")})
 		if err != nil {
 			t.Fatal(err)
 		}

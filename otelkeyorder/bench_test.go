@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/otelkeyorder"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -42,14 +43,14 @@ func BenchmarkPublishHandleOrdered(b *testing.B) {
 				}
 				quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 				br := memory.NewBroker()
-				if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: chain, MaxBatch: 100}); err != nil {
+				if err := br.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: chain, MaxBatch: 100}); err != nil {
 					b.Fatal(err)
 				}
-				pub, err := publish.New(br.TopicDriver("t"), &publish.Config{Logger: quiet, Observer: pobs})
+				pub, err := publish.New(memhook.Of(br).TopicDriver("t"), &publish.Config{Logger: quiet, Observer: pobs})
 				if err != nil {
 					b.Fatal(err)
 				}
-				drv, err := br.SubscriptionDriver("s")
+				drv, err := memhook.Of(br).SubscriptionDriver("s")
 				if err != nil {
 					b.Fatal(err)
 				}

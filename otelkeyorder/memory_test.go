@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/otelkeyorder"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -19,14 +20,14 @@ func TestMemoryScript(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k := newKit(t)
 		br := memory.NewBroker()
-		if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered}); err != nil {
+		if err := br.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered}); err != nil {
 			t.Fatal(err)
 		}
-		sdrv, err := br.SubscriptionDriver("s")
+		sdrv, err := memhook.Of(br).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := runScript(t, k, "memory", br.TopicDriver("t"), sdrv, func(done <-chan struct{}) {
+		res := runScript(t, k, "memory", memhook.Of(br).TopicDriver("t"), sdrv, func(done <-chan struct{}) {
 			select {
 			case <-done:
 			case <-time.After(time.Hour):
@@ -49,14 +50,14 @@ func TestParentFromMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k := newKitWith(t, otelkeyorder.Config{ParentFromMessage: true})
 		br := memory.NewBroker()
-		if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered}); err != nil {
+		if err := br.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered}); err != nil {
 			t.Fatal(err)
 		}
-		sdrv, err := br.SubscriptionDriver("s")
+		sdrv, err := memhook.Of(br).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
-		runScript(t, k, "memory", br.TopicDriver("t"), sdrv, func(done <-chan struct{}) { <-done })
+		runScript(t, k, "memory", memhook.Of(br).TopicDriver("t"), sdrv, func(done <-chan struct{}) { <-done })
 		sends := map[string]trace.SpanContext{}
 		spans := k.spans.Ended()
 		for _, s := range spans {

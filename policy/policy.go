@@ -70,9 +70,9 @@ func ParseOrdering(s string) (Ordering, error) {
 type MissingKey int
 
 const (
-	// DefaultMissingKey resolves to Reject under Exclusive and Ordered and to
+	// MissingKeyDefault resolves to Reject under Exclusive and Ordered and to
 	// Unordered under Parallel.
-	DefaultMissingKey MissingKey = iota
+	MissingKeyDefault MissingKey = iota
 	// Reject fails the publish with keyorder.ErrMissingKey; nothing is sent.
 	Reject
 	// Unordered lets the message through with no group: it runs whenever a
@@ -83,7 +83,7 @@ const (
 // String returns "default", "reject" or "unordered".
 func (m MissingKey) String() string {
 	switch m {
-	case DefaultMissingKey:
+	case MissingKeyDefault:
 		return "default"
 	case Reject:
 		return "reject"
@@ -93,13 +93,13 @@ func (m MissingKey) String() string {
 	return fmt.Sprintf("MissingKey(%d)", int(m))
 }
 
-// Valid reports whether m is one of DefaultMissingKey, Reject and
+// Valid reports whether m is one of MissingKeyDefault, Reject and
 // Unordered. Configurations reject any other value.
-func (m MissingKey) Valid() bool { return m >= DefaultMissingKey && m <= Unordered }
+func (m MissingKey) Valid() bool { return m >= MissingKeyDefault && m <= Unordered }
 
 // Resolve returns the effective policy for ordering o.
 func (m MissingKey) Resolve(o Ordering) MissingKey {
-	if m != DefaultMissingKey {
+	if m != MissingKeyDefault {
 		return m
 	}
 	if o.Keyed() {
@@ -112,7 +112,7 @@ func (m MissingKey) Resolve(o Ordering) MissingKey {
 func ParseMissingKey(s string) (MissingKey, error) {
 	switch strings.ToLower(s) {
 	case "", "default":
-		return DefaultMissingKey, nil
+		return MissingKeyDefault, nil
 	case "reject":
 		return Reject, nil
 	case "unordered":

@@ -23,9 +23,9 @@ func TestMissingKeyResolve(t *testing.T) {
 		o    Ordering
 		want MissingKey
 	}{
-		{DefaultMissingKey, Ordered, Reject},
-		{DefaultMissingKey, Exclusive, Reject},
-		{DefaultMissingKey, Parallel, Unordered},
+		{MissingKeyDefault, Ordered, Reject},
+		{MissingKeyDefault, Exclusive, Reject},
+		{MissingKeyDefault, Parallel, Unordered},
 		{Unordered, Ordered, Unordered},
 		{Reject, Parallel, Reject},
 	}
@@ -78,7 +78,7 @@ func TestValid(t *testing.T) {
 			t.Errorf("%v valid", o)
 		}
 	}
-	for _, m := range []MissingKey{DefaultMissingKey, Reject, Unordered} {
+	for _, m := range []MissingKey{MissingKeyDefault, Reject, Unordered} {
 		if !m.Valid() {
 			t.Errorf("%v not valid", m)
 		}

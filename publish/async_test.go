@@ -13,6 +13,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -69,18 +70,18 @@ func (s *stepTopic) idle(t *testing.T) {
 
 // stepSetup returns a publisher over a stepTopic and the subscription that
 // sees what reached the broker.
-func stepSetup(t *testing.T, cfg *publish.Config) (*publish.Publisher, *stepTopic, *memory.Subscription) {
+func stepSetup(t *testing.T, cfg *publish.Config) (*publish.Publisher, *stepTopic, memhook.Subscription) {
 	t.Helper()
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	st := &stepTopic{Topic: b.TopicDriver("t"), steps: make(chan step, 100)}
+	st := &stepTopic{Topic: memhook.Of(b).TopicDriver("t"), steps: make(chan step, 100)}
 	p, err := publish.New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.SubscriptionDriver("s")
+	s, err := memhook.Of(b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func msg(id, key, payload string) *keyorder.Message {
 func TestPublishAsyncKeepsOrderAndBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+		ot := &orderTopic{Topic: memhook.Of(b).TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 		p, err := publish.New(ot, &publish.Config{MaxBatch: 16})
 		if err != nil {
 			t.Fatal(err)
@@ -499,7 +500,7 @@ func TestOutstandingDefaults(t *testing.T) {
 // result settles and order holds per key and goroutine.
 func TestPublishAsyncConcurrentUnderLimits(t *testing.T) {
 	b := memory.NewBroker()
-	ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+	ot := &orderTopic{Topic: memhook.Of(b).TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 	p, err := publish.New(ot, &publish.Config{MaxOutstandingMessages: 7, MaxBatch: 3})
 	if err != nil {
 		t.Fatal(err)

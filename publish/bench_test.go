@@ -10,6 +10,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/publish"
 )
 
@@ -44,7 +45,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	for _, rtt := range []time.Duration{0, time.Millisecond} {
 		open := func(b *testing.B) *publish.Publisher {
-			var drv driver.Topic = memory.NewBroker().TopicDriver("t")
+			var drv driver.Topic = memhook.Of(memory.NewBroker()).TopicDriver("t")
 			if rtt > 0 {
 				drv = latencyTopic{drv, rtt}
 			}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory" // registers mem://
-	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/keyordertest"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -76,19 +76,12 @@ func ExamplePublisher_Resume() {
 	}
 	defer pub.Close(ctx)
 
-	// Simulate a broker that refuses what is sent while outage is set.
-	var outage atomic.Bool
-	memory.DefaultBroker().FailSends("example.paused", func([]*driver.Message) error {
-		if outage.Load() {
-			return errors.New("broker unavailable")
-		}
-		return nil
-	})
+	// Simulate a broker that refuses the next send.
+	stop := keyordertest.FailPublishes(memory.DefaultBroker(), "example.paused", keyordertest.PublishFault{Times: 1})
+	defer stop()
 
-	outage.Store(true)
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("101")})
 	fmt.Println("101 failed:", keyorder.Code(err))
-	outage.Store(false)
 
 	_, err = pub.Publish(ctx, &keyorder.Message{Key: "acct-42", Payload: []byte("102")})
 	fmt.Println("102 paused:", errors.Is(err, keyorder.ErrKeyPaused))

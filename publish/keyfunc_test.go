@@ -8,6 +8,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -64,7 +65,7 @@ func TestKeyFuncUnordered(t *testing.T) {
 
 func TestKeyFuncConfig(t *testing.T) {
 	b := memory.NewBroker()
-	_, err := publish.New(b.TopicDriver("t"), &publish.Config{Key: "k", KeyFunc: keyorder.KeyFromHeaders("a")})
+	_, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Key: "k", KeyFunc: keyorder.KeyFromHeaders("a")})
 	if !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("Key with KeyFunc: %v", err)
 	}

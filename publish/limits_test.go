@@ -13,6 +13,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -50,15 +51,15 @@ func (s strictTopic) Limits() driver.Limits {
 // sent, and the key's next valid message is sent (the key is not paused).
 func TestKnowableRejectionPausesNothing(t *testing.T) {
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 100}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel, MaxBatch: 100}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(strictTopic{b.TopicDriver("t")}, &publish.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SendRetries: -1})
+	p, err := publish.New(strictTopic{memhook.Of(b).TopicDriver("t")}, &publish.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SendRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close(context.Background())
-	s, err := b.SubscriptionDriver("s")
+	s, err := memhook.Of(b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}

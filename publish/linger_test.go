@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/publish"
 )
 
@@ -112,7 +113,7 @@ func TestCloseEndsLinger(t *testing.T) {
 func TestCloseDeadlineDuringLingerFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		g := &gatedTopic{Topic: memhook.Of(b).TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 		p, err := publish.New(g, &publish.Config{Linger: time.Hour})
 		if err != nil {
 			t.Fatal(err)

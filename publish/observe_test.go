@@ -10,6 +10,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -62,15 +63,15 @@ func (tr *tracer) StartPublish(ctx context.Context, m *keyorder.Message) func(er
 // without pausing its key, and the observation ends with that error.
 func TestObserverHeadersAreValidated(t *testing.T) {
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 100}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel, MaxBatch: 100}); err != nil {
 		t.Fatal(err)
 	}
 	tr := &tracer{ends: map[string][]error{}}
-	p, err := publish.New(oneHeaderTopic{b.TopicDriver("t")}, &publish.Config{Observer: tr, SendRetries: -1})
+	p, err := publish.New(oneHeaderTopic{memhook.Of(b).TopicDriver("t")}, &publish.Config{Observer: tr, SendRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := b.SubscriptionDriver("s")
+	sub, err := memhook.Of(b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}

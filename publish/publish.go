@@ -145,7 +145,7 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		*out = *c
 	}
-	if out.MissingKey == policy.DefaultMissingKey {
+	if out.MissingKey == policy.MissingKeyDefault {
 		out.MissingKey = policy.Reject
 	}
 	if out.MaxBatch == 0 {

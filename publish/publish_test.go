@@ -17,29 +17,30 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
 
-func setup(t *testing.T, cfg *publish.Config) (*memory.Broker, *publish.Publisher, *memory.Subscription) {
+func setup(t *testing.T, cfg *publish.Config) (*memory.Broker, *publish.Publisher, memhook.Subscription) {
 	t.Helper()
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(b.TopicDriver("t"), cfg)
+	p, err := publish.New(memhook.Of(b).TopicDriver("t"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(context.Background()) })
-	s, err := b.SubscriptionDriver("s")
+	s, err := memhook.Of(b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b, p, s
 }
 
-func receiveAll(t *testing.T, s *memory.Subscription) []*driver.Message {
+func receiveAll(t *testing.T, s memhook.Subscription) []*driver.Message {
 	t.Helper()
 	ms, err := s.Receive(context.Background(), 1000)
 	if err != nil {
@@ -128,7 +129,7 @@ func TestOneBatchPerKeyInFlight(t *testing.T) {
 
 func testOneBatchPerKeyInFlight(t *testing.T) {
 	b := memory.NewBroker()
-	ot := &orderTopic{Topic: b.TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
+	ot := &orderTopic{Topic: memhook.Of(b).TopicDriver("t"), inflight: map[string]int{}, sent: map[string][]string{}}
 	p, err := publish.New(ot, &publish.Config{MaxBatch: 16})
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +186,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 	boom := errors.New("broker down")
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	b.FailSends("t", func(ms []*driver.Message) error {
+	memhook.Of(b).FailSends("t", func(ms []*driver.Message) error {
 		if ms[0].Key != "bad" {
 			return nil
 		}
@@ -220,7 +221,7 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 			t.Fatalf("publish behind the failure = %v", err)
 		}
 	}
-	b.FailSends("t", nil)
+	memhook.Of(b).FailSends("t", nil)
 	if _, err := p.Publish(ctx, &keyorder.Message{Key: "bad", Payload: []byte("2")}); !errors.Is(err, keyorder.ErrKeyPaused) {
 		t.Fatalf("publish after the failure = %v, want ErrKeyPaused", err)
 	}
@@ -238,9 +239,9 @@ func TestFailedPublishPausesOnlyItsKey(t *testing.T) {
 func TestTransientErrorsAreRetried(t *testing.T) {
 	b, p, s := setup(t, &publish.Config{Backoff: policy.Retry{MinBackoff: 1, MaxBackoff: 1}})
 	var calls atomic.Int32
-	b.FailSends("t", func(ms []*driver.Message) error {
+	memhook.Of(b).FailSends("t", func(ms []*driver.Message) error {
 		if calls.Add(1) <= 2 {
-			return fmt.Errorf("flaky: %w", memory.ErrTransient)
+			return fmt.Errorf("flaky: %w", memhook.ErrTransient)
 		}
 		return nil
 	})
@@ -250,7 +251,7 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 	if got := receiveAll(t, s); len(got) != 1 {
 		t.Fatalf("delivered %d copies", len(got))
 	}
-	b.FailSends("t", func(ms []*driver.Message) error { return fmt.Errorf("still flaky: %w", memory.ErrTransient) })
+	memhook.Of(b).FailSends("t", func(ms []*driver.Message) error { return fmt.Errorf("still flaky: %w", memhook.ErrTransient) })
 	_, err := p.Publish(context.Background(), &keyorder.Message{Key: "k2", Payload: []byte("x")})
 	var ke *keyorder.Error
 	if !errors.As(err, &ke) || ke.Code != keyorder.CodeUnavailable || ke.Op != "publish" {
@@ -260,11 +261,11 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 
 func TestConfigAndOpenErrors(t *testing.T) {
 	b := memory.NewBroker()
-	if _, err := publish.New(b.TopicDriver("t"), &publish.Config{MaxBatch: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
+	if _, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{MaxBatch: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("MaxBatch -1 = %v", err)
 	}
 	for _, mk := range []policy.MissingKey{99, -1} {
-		_, err := publish.New(b.TopicDriver("t"), &publish.Config{MissingKey: mk})
+		_, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{MissingKey: mk})
 		if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), "MissingKey") || !strings.Contains(err.Error(), fmt.Sprint(int(mk))) {
 			t.Errorf("MissingKey %d = %v, want ErrInvalidConfig naming the field and value", int(mk), err)
 		}

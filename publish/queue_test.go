@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/publish"
 )
 
@@ -45,7 +45,7 @@ func payloads(ms []*driver.Message) []string {
 func TestCancelledWhileQueuedKeepsItsPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		g := &gatedTopic{Topic: memhook.Of(b).TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 		p, err := publish.New(g, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -148,10 +148,10 @@ func TestCloseDeadlineFailsQueued(t *testing.T) {
 // queueBehindGate returns a publisher (batches of one) whose sends wait at a
 // gate, with m1, m2 and m3 of key k published and queued behind it; their
 // results arrive on errs.
-func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Subscription, chan error) {
+func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, memhook.Subscription, chan error) {
 	t.Helper()
 	b, _, s := setup(t, nil)
-	g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+	g := &gatedTopic{Topic: memhook.Of(b).TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 	p, err := publish.New(g, &publish.Config{MaxBatch: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func queueBehindGate(t *testing.T) (*publish.Publisher, *gatedTopic, *memory.Sub
 func TestPublishAsyncDoesNotRetainMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, _, s := setup(t, nil)
-		g := &gatedTopic{Topic: b.TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
+		g := &gatedTopic{Topic: memhook.Of(b).TopicDriver("t"), entered: make(chan string, 10), release: make(chan struct{})}
 		p, err := publish.New(g, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/publish"
 )
 
@@ -40,7 +41,7 @@ func (c *countTopic) SendBatch(ctx context.Context, ms []*driver.Message) error 
 func TestPublishAsyncManyKeysDefaultLimitsBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const keys, n = 1000, 20_000
-		ct := &countTopic{Topic: memory.NewBroker().TopicDriver("t"), rtt: time.Millisecond, batches: map[string]int{}}
+		ct := &countTopic{Topic: memhook.Of(memory.NewBroker()).TopicDriver("t"), rtt: time.Millisecond, batches: map[string]int{}}
 		p, err := publish.New(ct, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -99,7 +99,7 @@ func TestHeldKeyBacklogDoesNotStopOtherKeys(t *testing.T) {
 				if tc.batch > 0 {
 					n *= tc.batch
 				}
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: tc.hold})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: tc.hold})
 				var trail keyTrail
 				h, bh := backlogHandlers(&trail, hold)
 				cfg := &subscribe.Config{Workers: 2}
@@ -186,7 +186,7 @@ func TestHeldBacklogBeyondMaxHeldPausesReceiving(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const hold, n = time.Hour, 200
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 				var trail keyTrail
 				h, bh := backlogHandlers(&trail, hold)
 				cfg := &subscribe.Config{Workers: 2, MaxOutstanding: 6, MaxHeld: 50}

@@ -217,7 +217,7 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 // submit hands a batch to the lanes. Called with b.mu held. On failure (the
 // subscriber is stopping) the batch is given back and the batcher stops.
 func (b *batcher) submit(ctx context.Context, o *item) error {
-	if err := b.pool.SubmitFair(ctx, o.fair, o.key, o.key != "", o.m.NotBefore, o); err != nil {
+	if err := b.pool.Submit(ctx, lanes.Item{Key: o.key, Keyed: o.key != "", NotBefore: o.m.NotBefore, Fairness: o.fair}, o); err != nil {
 		b.stopped = true
 		b.s.giveBack(unbatch([]*item{o}))
 		return err
@@ -528,7 +528,7 @@ func (s *Subscriber) retryAside(it *item, at time.Time) {
 	s.settling.Add(1)
 	go func() {
 		defer s.settling.Done()
-		if err := s.batcher.pool.SubmitFair(context.Background(), c.fair, c.key, c.key != "", at, c); err != nil {
+		if err := s.batcher.pool.Submit(context.Background(), lanes.Item{Key: c.key, Keyed: c.key != "", NotBefore: at, Fairness: c.fair}, c); err != nil {
 			s.giveBack([]*item{it})
 		}
 	}()

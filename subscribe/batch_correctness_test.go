@@ -17,6 +17,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -40,7 +41,7 @@ func TestBatchLaneKeyDelivers(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 4})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 4})
 				publishAccounts(t, w, "x1", "y1", "x2", "y2")
 				var rec batchRec
 				s, stop := w.startBatch(t, &subscribe.Config{
@@ -73,7 +74,7 @@ func TestBatchLaneKeyDelivers(t *testing.T) {
 // receive.)
 func TestBatchLaneKeyShutdownReleasesOpenBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var rec batchRec
 		_, stop := w.startBatch(t, &subscribe.Config{
 			LaneKey: keyorder.KeyFromHeaders("account"),
@@ -109,7 +110,7 @@ func TestBatchExclusiveUnrunTailRunsFirst(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: hold, Chain: 3})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: hold, Chain: 3})
 				publishAll(t, w, "A", "a1", "a2", "a3", "a4", "a5", "a6")
 				var rec batchRec
 				s, stop := w.startBatch(t, &subscribe.Config{Batch: &subscribe.BatchConfig{MaxSize: 3, MaxWait: time.Second}},
@@ -147,7 +148,7 @@ func TestBatchExclusiveFailAtZero(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: hold, Chain: 3})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: hold, Chain: 3})
 				publishAll(t, w, "A", "a1", "a2", "a3", "a4")
 				var rec batchRec
 				_, stop := w.startBatch(t, &subscribe.Config{
@@ -205,7 +206,7 @@ func TestBatchErrorIndexOutOfRange(t *testing.T) {
 		for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 			t.Run(fmt.Sprintf("%d/%s", idx, holdName(hold)), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 2})
+					w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2})
 					publishAll(t, w, "A", "a1", "a2")
 					var rec batchRec
 					cause := errors.New("bad")
@@ -244,7 +245,7 @@ func TestBatchErrorIndexOutOfRange(t *testing.T) {
 // Permanent error dead-letters it, and the key continues.
 func TestBatchErrorIndexOutOfRangePermanent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		publishAll(t, w, "A", "a1", "a2")
 		var rec batchRec
 		s, stop := w.startBatch(t, &subscribe.Config{Batch: &subscribe.BatchConfig{MaxSize: 2, MaxWait: time.Second}},
@@ -277,7 +278,7 @@ func TestBatchErrorMalformed(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 				publishAll(t, w, "A", "a1", "a2")
 				var rec batchRec
 				s, stop := w.startBatch(t, &subscribe.Config{
@@ -333,8 +334,8 @@ func TestBatchOtherMembersLostLeaseCountsNothing(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 2, LeaseDuration: 9 * time.Second})
-				raw, err := w.b.SubscriptionDriver("s")
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, LeaseDuration: 9 * time.Second})
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -45,7 +46,7 @@ func (r *batchRec) get() [][]string {
 // startBatch runs RunBatch on the world's subscription; stop closes it.
 func (w *world) startBatch(t *testing.T, cfg *subscribe.Config, h subscribe.BatchHandlerFunc) (*subscribe.Subscriber, func()) {
 	t.Helper()
-	drv, err := w.b.SubscriptionDriver("s")
+	drv, err := memhook.Of(w.b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func TestBatchFailedAtRetryAfter(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 5})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 5})
 				publishAll(t, w, "A", "a1", "a2", "a3", "a4", "a5")
 				var rec batchRec
 				s, stop := w.startBatch(t, &subscribe.Config{Workers: 2, Batch: &subscribe.BatchConfig{MaxSize: 5, MaxWait: time.Second}},
@@ -117,7 +118,7 @@ func TestBatchFailedAtRetryAfter(t *testing.T) {
 // A panic fails the batch at index 0.
 func TestBatchPanicFailsAtZero(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		publishAll(t, w, "A", "a1", "a2")
 		var rec batchRec
 		s, stop := w.startBatch(t, &subscribe.Config{Batch: &subscribe.BatchConfig{MaxSize: 2}, Retry: policy.Retry{MinBackoff: time.Second, MaxBackoff: time.Second}},
@@ -146,7 +147,7 @@ func TestBatchDeadLetterContinues(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 5})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 5})
 				publishAll(t, w, "A", "a1", "a2", "a3", "a4")
 				var rec batchRec
 				s, stop := w.startBatch(t, &subscribe.Config{Batch: &subscribe.BatchConfig{MaxSize: 4}},
@@ -175,8 +176,8 @@ func TestBatchDeadLetterContinues(t *testing.T) {
 // Keyless messages come in batches of one; a batch never mixes keys.
 func TestBatchKeylessAndKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
-		p, err := publish.New(w.b.TopicDriver("t"), &publish.Config{Logger: quiet, MissingKey: policy.Unordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
+		p, err := publish.New(memhook.Of(w.b).TopicDriver("t"), &publish.Config{Logger: quiet, MissingKey: policy.Unordered})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +213,7 @@ func TestBatchKeylessAndKeys(t *testing.T) {
 // failed index, retried at it, released after it.
 func TestBatchObserverPerMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		publishAll(t, w, "A", "a1", "a2", "a3")
 		obs := &outcomeObserver{}
 		var calls int
@@ -257,9 +258,9 @@ func (o *outcomeObserver) get() []string {
 }
 
 func TestBatchConfigValidate(t *testing.T) {
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 	for _, bc := range []*subscribe.BatchConfig{{MaxSize: -1}, {MaxSize: subscribe.BatchMaxSizeLimit + 1}, {MaxWait: -time.Second}} {
-		drv, err := w.b.SubscriptionDriver("s")
+		drv, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +278,7 @@ func TestBatchConfigValidate(t *testing.T) {
 // passed since its first message arrived, not before and not never.
 func TestBatchMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var rec batchRec
 		var at time.Time
 		_, stop := w.startBatch(t, &subscribe.Config{Batch: &subscribe.BatchConfig{MaxSize: 10, MaxWait: 3 * time.Second}},
@@ -318,7 +319,7 @@ func TestBatchExclusiveAndParallel(t *testing.T) {
 		for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 			t.Run(ord.String()+"/"+holdName(hold), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					w := newWorld(t, &memory.SubscriptionConfig{Ordering: ord, Hold: hold, Chain: 4})
+					w := newWorld(t, &memory.SubscriptionOptions{Ordering: ord, Hold: hold, Chain: 4})
 					var ids []string
 					for i := range 20 {
 						ids = append(ids, fmt.Sprintf("a%02d", i))
@@ -383,7 +384,7 @@ func TestBatchThrottled(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 3})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3})
 				publishAll(t, w, "A", "a1", "a2", "a3", "a4", "a5", "a6")
 				var rec batchRec
 				var at []time.Duration

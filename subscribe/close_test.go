@@ -11,6 +11,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -28,7 +29,7 @@ func (c *closeCounter) Close() error {
 
 func openCounted(t *testing.T, w *world) *closeCounter {
 	t.Helper()
-	drv, err := w.b.SubscriptionDriver("s")
+	drv, err := memhook.Of(w.b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func openCounted(t *testing.T, w *world) *closeCounter {
 }
 
 func TestCloseBeforeRunReleasesAndRunFails(t *testing.T) {
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 	drv := openCounted(t, w)
 	s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet})
 	if err != nil {
@@ -62,7 +63,7 @@ func TestCloseBeforeRunReleasesAndRunFails(t *testing.T) {
 
 func TestCloseWaitsForGracefulShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		drv := openCounted(t, w)
 		s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet, ShutdownTimeout: time.Minute})
 		if err != nil {
@@ -98,7 +99,7 @@ func TestCloseWaitsForGracefulShutdown(t *testing.T) {
 
 func TestCloseDeadlineCutsShutdownShort(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		drv := openCounted(t, w)
 		s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet, ShutdownTimeout: time.Hour})
 		if err != nil {

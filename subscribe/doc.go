@@ -169,19 +169,19 @@
 // Each piece of per-message or per-key state has one owner; the others
 // read it.
 //
-//   - Held keys (in-process hold): a key's keyHold (hold.go), made when the
+//   - Held keys (in-process hold): a key's hold record, made when the
 //     key has a message outstanding and dropped when it has none and none
 //     parked. It lists the key's outstanding messages and counts those
 //     waiting on a time; parking and unparking touch that key's messages
-//     only. The lanes (package lanes, over internal/groupq) own the order
-//     in which a key's messages run; the keyHold owns only flow control
+//     only. The lanes (package lanes) own the order in which a key's
+//     messages run; the hold record owns only flow control
 //     (which messages hold a MaxOutstanding token) and is the one answer
 //     to "is this key held here".
 //   - Attempts: each attempt is counted once, by whoever makes it happen.
 //     The broker's driver counts deliveries (the delivery count it reports, read
 //     once at receive; it includes lost leases and, for SQS, excludes the
 //     library's own put-backs). The Subscriber counts the retries it runs in
-//     process (no native hold), which the broker never sees. The item's
+//     process (no native hold), which the broker never sees. The message's
 //     attempt is the one value the handler (Delivery.Attempt), the budget
 //     (MaxAttempts), the dead letter's count and the Observer see. A
 //     driver that can record starts is told right before each run (a

@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -22,7 +23,7 @@ import (
 // order.
 func TestLaneKeyRefinesTheBrokersGroup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var mu sync.Mutex
 		var got []string
 		failed := false
@@ -66,14 +67,14 @@ func TestLaneKeyRefinesTheBrokersGroup(t *testing.T) {
 }
 
 func TestThrottleConfig(t *testing.T) {
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 	for _, th := range []subscribe.Throttle{
 		{Rate: 1},
 		{By: subscribe.OrderingKey},
 		{By: subscribe.OrderingKey, Rate: -1},
 		{By: subscribe.OrderingKey, Rate: 1, Burst: -1},
 	} {
-		drv, err := w.b.SubscriptionDriver("s")
+		drv, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +91,7 @@ func TestFairnessKeyServesTenantsInTurn(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		t.Run(map[bool]string{false: "arrival", true: "fair"}[fair], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, MaxBatch: 100})
 				for i := range 8 {
 					id := "big" + string(rune('0'+i))
 					if _, err := w.pub.Publish(context.Background(), &keyorder.Message{ID: id, Key: id, Payload: []byte(id),
@@ -144,7 +145,7 @@ func TestLaneKeyDoesNotMergeBrokerGroups(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(map[memory.Hold]string{memory.InProcess: "inprocess", memory.Native: "native"}[hold], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold})
 				var mu sync.Mutex
 				var got []string
 				var throttled []string
@@ -199,7 +200,7 @@ func TestThrottledBatchIsNotOvertakenUnderExclusive(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(fmt.Sprint(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: hold, Chain: 2})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: hold, Chain: 2})
 				var got batchRec
 				_, stop := w.startBatch(t, &subscribe.Config{
 					Workers:   1,

@@ -14,6 +14,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -47,7 +48,7 @@ func (l *startLog) get() []string {
 // flow-control budget and stop every other key.
 func TestParkedKeyDoesNotStarveOtherKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var log startLog
 		_, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
 			log.add(d.ID)
@@ -85,7 +86,7 @@ func TestParkedKeyDoesNotStarveOtherKeys(t *testing.T) {
 // The same for a key held by a message published with a delay.
 func TestDelayedKeyDoesNotStarveOtherKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var log startLog
 		_, stop := w.start(t, nil, &subscribe.Config{Workers: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
 			log.add(d.ID)
@@ -144,10 +145,10 @@ func (s *leaseSkipper) ExtendLeases(ctx context.Context, ms []*driver.Message) (
 // the rest of the chain must go back unhandled, not run before it.
 func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 2, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2, LeaseDuration: 9 * time.Second})
 		w.publish(t, "a1", "A")
 		w.publish(t, "a2", "A")
-		raw, _ := w.b.SubscriptionDriver("s")
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &leaseSkipper{Subscription: raw}
 		var log startLog
 		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -175,8 +176,8 @@ func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 // redelivery is of an acknowledged message and must not run again.
 func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var calls atomic.Int32
 		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -213,8 +214,8 @@ func (s slowExtend) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*
 // broker by the time the renewal reaches it; that is not a lost lease.
 func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		s, stop := w.start(t, slowExtend{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(1500 * time.Millisecond) // finishes while the first renewal is under way
 			return nil
@@ -237,8 +238,8 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 // head runs before the rest.
 func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var log startLog
 		var attempts []int
@@ -278,7 +279,7 @@ func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 // a Delivery of its own.
 func TestKeptDeliveryIsNotReused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		var kept []*keyorder.Delivery
 		_, stop := w.start(t, nil, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			kept = append(kept, d)
@@ -311,7 +312,7 @@ func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*driver.Message
 	failed := false
 	e.once.Do(func() { failed = true })
 	if err == nil && failed {
-		return ms, fmt.Errorf("stream broke: %w", memory.ErrTransient)
+		return ms, fmt.Errorf("stream broke: %w", memhook.ErrTransient)
 	}
 	return ms, err
 }
@@ -320,8 +321,8 @@ func (e *errWithMessages) Receive(ctx context.Context, n int) ([]*driver.Message
 // give back their flow-control tokens.
 func TestReceiveErrorWithMessagesLeaksNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		var log startLog
 		_, stop := w.start(t, &errWithMessages{Subscription: raw}, &subscribe.Config{MaxOutstanding: 1}, func(ctx context.Context, d *keyorder.Delivery) error {
 			log.add(d.ID)
@@ -373,8 +374,8 @@ func (v *visibilityDriver) Nack(ctx context.Context, m *driver.Message, d time.D
 // the nack.
 func TestNoLeaseRenewalAfterNack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &visibilityDriver{Subscription: raw, nacked: map[string]bool{}}
 		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			if d.Attempt == 1 {
@@ -411,8 +412,8 @@ func (s slowAckReturn) Ack(ctx context.Context, ms []*driver.Message) error {
 // acknowledged message as a lost lease.
 func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		s, stop := w.start(t, slowAckReturn{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(500 * time.Millisecond)
 			return nil
@@ -438,8 +439,8 @@ func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 // by TestPropertyPromiseUnderRandomScenarios.
 func TestRedeliveryOfDeadLetteredCopyDoesNotRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Exclusive, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var log startLog
 		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -21,10 +22,10 @@ import (
 func TestKeyHoldsGoAfterARun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess}); err != nil {
+		if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess}); err != nil {
 			t.Fatal(err)
 		}
-		drv, err := b.SubscriptionDriver("s")
+		drv, err := memhook.Of(b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +45,7 @@ func TestKeyHoldsGoAfterARun(t *testing.T) {
 				return nil
 			})
 		}()
-		top := b.TopicDriver("t")
+		top := memhook.Of(b).TopicDriver("t")
 		var ms []*driver.Message
 		for i := range 40 {
 			ms = append(ms, &driver.Message{ID: fmt.Sprint("m", i), Key: fmt.Sprint("k", i%4)})

@@ -41,6 +41,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -363,12 +364,12 @@ const (
 
 func runScenario(t *testing.T, sc *propScenario) {
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionConfig{
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{
 		Ordering: sc.ordering, Hold: sc.hold, Chain: sc.chain, LeaseDuration: propLease,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet, MissingKey: policy.Unordered})
+	pub, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Logger: quiet, MissingKey: policy.Unordered})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +456,7 @@ func runScenario(t *testing.T, sc *propScenario) {
 	}
 	var drv *propDriver
 	start := func() (*subscribe.Subscriber, chan error) {
-		raw, err := b.SubscriptionDriver("s")
+		raw, err := memhook.Of(b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -189,7 +189,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				}
 				continue
 			}
-			if err := pool.SubmitFair(ctx, it.fair, it.key, it.key != "", m.NotBefore, it); err != nil {
+			if err := pool.Submit(ctx, lanes.Item{Key: it.key, Keyed: it.key != "", NotBefore: m.NotBefore, Fairness: it.fair}, it); err != nil {
 				// Shutting down: give this one and the rest back
 				// unhandled, all of them, so that none of a key is
 				// handled after one before it went back.

@@ -12,6 +12,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -44,15 +45,15 @@ func TestRedriveRunsAfterDeadLetterErrorThatTookEffect(t *testing.T) {
 }
 
 func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubscriber, copies bool) {
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 9 * time.Second})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 9 * time.Second})
 	lost := errors.New("connection reset after the request was sent")
-	net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
-		if op == memory.OpDeadLetter && n == 1 {
-			return memory.Fault{Err: lost, Applied: true} // permanent: given up at once
+	net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
+		if op == memhook.OpDeadLetter && n == 1 {
+			return memhook.Fault{Err: lost, Applied: true} // permanent: given up at once
 		}
-		return memory.Fault{}
+		return memhook.Fault{}
 	})
-	if err := w.b.FailSettlements("s", net.fault); err != nil {
+	if err := memhook.Of(w.b).FailSettlements("s", net.fault); err != nil {
 		t.Fatal(err)
 	}
 	var log startLog
@@ -97,7 +98,7 @@ func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubsc
 	if bySubscriber {
 		n, err = s.Redrive(ctx, []string{"c1"})
 	} else {
-		other, derr := w.b.SubscriptionDriver("s") // another process's driver
+		other, derr := memhook.Of(w.b).SubscriptionDriver("s") // another process's driver
 		if derr != nil {
 			t.Fatal(derr)
 		}
@@ -126,14 +127,14 @@ func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubsc
 // copies (the redelivery's attempt is higher than the failed call's).
 func TestRedeliveryAfterFailedDeadLetterWithoutCopies(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
-			if op == memory.OpDeadLetter && n == 1 {
-				return memory.Fault{Err: errors.New("access denied")}
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
+			if op == memhook.OpDeadLetter && n == 1 {
+				return memhook.Fault{Err: errors.New("access denied")}
 			}
-			return memory.Fault{}
+			return memhook.Fault{}
 		})
-		if err := w.b.FailSettlements("s", net.fault); err != nil {
+		if err := memhook.Of(w.b).FailSettlements("s", net.fault); err != nil {
 			t.Fatal(err)
 		}
 		var log startLog
@@ -161,14 +162,14 @@ func TestRedeliveryAfterFailedDeadLetterWithoutCopies(t *testing.T) {
 // (driver.Message.Copy nil), as a driver of a broker without one.
 func (w *world) noCopies(t *testing.T) driver.Subscription {
 	t.Helper()
-	d, err := w.b.SubscriptionDriver("s")
+	d, err := memhook.Of(w.b).SubscriptionDriver("s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return copyless{d}
 }
 
-type copyless struct{ *memory.Subscription }
+type copyless struct{ memhook.Subscription }
 
 func (c copyless) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	ms, err := c.Subscription.Receive(ctx, max)

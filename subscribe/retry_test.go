@@ -20,7 +20,7 @@ import (
 // leaves unsaid.
 func TestSubscriptionRetrySettingsRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Retry: &policy.Retry{MaxAttempts: 2}})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Retry: &policy.Retry{MaxAttempts: 2}})
 		var runs atomic.Int32
 		s, stop := w.start(t, nil, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 5, MinBackoff: time.Second, NoJitter: true}},
 			func(ctx context.Context, d *keyorder.Delivery) error {
@@ -50,7 +50,7 @@ func TestSubscriptionRetrySettingsRun(t *testing.T) {
 // Without stored settings, subscribe.Config.Retry decides, as before.
 func TestConfigRetryWithoutStoredSettings(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		var runs atomic.Int32
 		s, stop := w.start(t, nil, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 3, MinBackoff: time.Second}},
 			func(ctx context.Context, d *keyorder.Delivery) error {

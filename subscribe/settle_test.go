@@ -14,6 +14,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -22,16 +23,16 @@ import (
 // and counts what it did.
 type flaky struct {
 	mu       sync.Mutex
-	calls    map[memory.SettleOp]int
-	injected map[memory.SettleOp]int
-	rule     func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault
+	calls    map[memhook.Op]int
+	injected map[memhook.Op]int
+	rule     func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault
 }
 
-func newFlaky(rule func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault) *flaky {
-	return &flaky{calls: map[memory.SettleOp]int{}, injected: map[memory.SettleOp]int{}, rule: rule}
+func newFlaky(rule func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault) *flaky {
+	return &flaky{calls: map[memhook.Op]int{}, injected: map[memhook.Op]int{}, rule: rule}
 }
 
-func (f *flaky) fault(op memory.SettleOp, ms []*driver.Message) memory.Fault {
+func (f *flaky) fault(op memhook.Op, ms []*driver.Message) memhook.Fault {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[op]++
@@ -46,7 +47,7 @@ func (f *flaky) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var b strings.Builder
-	for _, op := range []memory.SettleOp{memory.OpAck, memory.OpNack, memory.OpRelease, memory.OpDeadLetter, memory.OpExtendLeases} {
+	for _, op := range []memhook.Op{memhook.OpAck, memhook.OpNack, memhook.OpRelease, memhook.OpDeadLetter, memhook.OpExtendLeases} {
 		fmt.Fprintf(&b, " %s %d/%d", op, f.injected[op], f.calls[op])
 	}
 	return b.String()
@@ -62,8 +63,8 @@ func (f *flaky) total() int {
 	return n
 }
 
-func transient(op memory.SettleOp) error {
-	return fmt.Errorf("%s: connection reset: %w", op, memory.ErrTransient)
+func transient(op memhook.Op) error {
+	return fmt.Errorf("%s: connection reset: %w", op, memhook.ErrTransient)
 }
 
 // run is one handler call as the test saw it.
@@ -89,20 +90,20 @@ func TestSettlementRetriedUnderTransientFailures(t *testing.T) {
 
 func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	const keys, perKey = 6, 12
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
-	net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
-		if op == memory.OpExtendLeases {
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
+	net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
+		if op == memhook.OpExtendLeases {
 			if n%4 != 0 { // three in a row fail: a lease not renewed for 9s is lost
-				return memory.Fault{Err: transient(op)}
+				return memhook.Fault{Err: transient(op)}
 			}
-			return memory.Fault{}
+			return memhook.Fault{}
 		}
 		if n%2 == 1 {
-			return memory.Fault{Err: transient(op)}
+			return memhook.Fault{Err: transient(op)}
 		}
-		return memory.Fault{}
+		return memhook.Fault{}
 	})
-	if err := w.b.FailSettlements("s", net.fault); err != nil {
+	if err := memhook.Of(w.b).FailSettlements("s", net.fault); err != nil {
 		t.Fatal(err)
 	}
 	id := func(k, i int) string { return fmt.Sprintf("k%d-%02d", k, i) }
@@ -196,9 +197,9 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	if n := st.SettleFailures; n != 0 {
 		t.Errorf("%d settlements given up, want 0", n)
 	}
-	ops := []memory.SettleOp{memory.OpAck, memory.OpDeadLetter, memory.OpExtendLeases}
+	ops := []memhook.Op{memhook.OpAck, memhook.OpDeadLetter, memhook.OpExtendLeases}
 	if hold == memory.Native {
-		ops = append(ops, memory.OpNack, memory.OpRelease)
+		ops = append(ops, memhook.OpNack, memhook.OpRelease)
 	}
 	net.mu.Lock()
 	for _, op := range ops {
@@ -223,20 +224,20 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 // is lost and no handler runs twice.
 func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
 		permanentErr := errors.New("access denied")
-		net := newFlaky(func(op memory.SettleOp, n int, ms []*driver.Message) memory.Fault {
+		net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 			// The first Ack, Nack and DeadLetter: one transient failure,
 			// then a permanent one.
-			if (op == memory.OpAck || op == memory.OpNack || op == memory.OpDeadLetter) && n <= 2 {
+			if (op == memhook.OpAck || op == memhook.OpNack || op == memhook.OpDeadLetter) && n <= 2 {
 				if n == 1 {
-					return memory.Fault{Err: transient(op)}
+					return memhook.Fault{Err: transient(op)}
 				}
-				return memory.Fault{Err: permanentErr}
+				return memhook.Fault{Err: permanentErr}
 			}
-			return memory.Fault{}
+			return memhook.Fault{}
 		})
-		if err := w.b.FailSettlements("s", net.fault); err != nil {
+		if err := memhook.Of(w.b).FailSettlements("s", net.fault); err != nil {
 			t.Fatal(err)
 		}
 		var log startLog
@@ -261,7 +262,7 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 		synctest.Wait()
 		stop()
 		net.mu.Lock()
-		ackCalls, nackCalls, dlCalls := net.calls[memory.OpAck], net.calls[memory.OpNack], net.calls[memory.OpDeadLetter]
+		ackCalls, nackCalls, dlCalls := net.calls[memhook.OpAck], net.calls[memhook.OpNack], net.calls[memhook.OpDeadLetter]
 		net.mu.Unlock()
 		// a1: ack fails transiently, then permanently: 2 calls, given up;
 		// redelivered at lease expiry, suppressed, acknowledged (3rd call).

@@ -12,6 +12,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -50,10 +51,10 @@ func (d *startRecorder) get() [][]string {
 // not run; under RunBatch once per batch, with the members that run.
 func TestStartedBeforeEachRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 3,
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 3,
 			Retry: &policy.Retry{MaxAttempts: 5, MinBackoff: time.Second, MaxBackoff: time.Second}})
 		publishAll(t, w, "A", "a1", "a2")
-		inner, err := w.b.SubscriptionDriver("s")
+		inner, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,9 +82,9 @@ func TestStartedBeforeEachRun(t *testing.T) {
 		}
 	})
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 3})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 3})
 		publishAll(t, w, "A", "a1", "a2", "a3")
-		inner, err := w.b.SubscriptionDriver("s")
+		inner, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
@@ -30,13 +31,13 @@ type world struct {
 	pub *publish.Publisher
 }
 
-func newWorld(t *testing.T, cfg *memory.SubscriptionConfig) *world {
+func newWorld(t *testing.T, cfg *memory.SubscriptionOptions) *world {
 	t.Helper()
 	b := memory.NewBroker()
 	if err := b.CreateSubscription("t", "s", cfg); err != nil {
 		t.Fatal(err)
 	}
-	p, err := publish.New(b.TopicDriver("t"), &publish.Config{Logger: quiet})
+	p, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func (w *world) start(t *testing.T, drv driver.Subscription, cfg *subscribe.Conf
 	t.Helper()
 	if drv == nil {
 		var err error
-		if drv, err = w.b.SubscriptionDriver("s"); err != nil {
+		if drv, err = memhook.Of(w.b).SubscriptionDriver("s"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -82,7 +83,7 @@ func (w *world) start(t *testing.T, drv driver.Subscription, cfg *subscribe.Conf
 
 func TestRedeliveryOfAckedIDIsSuppressed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		var calls atomic.Int32
 		s, stop := w.start(t, nil, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			calls.Add(1)
@@ -125,8 +126,8 @@ func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*driver.Message)
 
 func TestLostLeaseCancelsHandler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var cause atomic.Value
 		s, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -153,7 +154,7 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 
 func TestShutdownDeadlineReleasesWithoutCountingAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		started := make(chan struct{})
 		_, stop := w.start(t, nil, &subscribe.Config{ShutdownTimeout: 5 * time.Second}, func(ctx context.Context, d *keyorder.Delivery) error {
 			close(started)
@@ -185,9 +186,9 @@ func TestShutdownDeadlineReleasesWithoutCountingAttempt(t *testing.T) {
 
 func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
 		w.publish(t, "m1", "k")
-		crashing, _ := w.b.SubscriptionDriver("s")
+		crashing, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		for range 2 { // two consumers crash holding m1
 			if _, err := crashing.Receive(context.Background(), 1); err != nil {
 				t.Fatal(err)
@@ -210,7 +211,7 @@ func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
 
 func TestMiddlewareOrderAndHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 		var mu sync.Mutex
 		var trace []string
 		mw := func(name string) subscribe.Middleware {
@@ -242,8 +243,8 @@ func TestMiddlewareOrderAndHeaders(t *testing.T) {
 }
 
 func TestRunMisuse(t *testing.T) {
-	w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
-	drv, _ := w.b.SubscriptionDriver("s")
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
+	drv, _ := memhook.Of(w.b).SubscriptionDriver("s")
 	if _, err := subscribe.New(drv, &subscribe.Config{Workers: -1}); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		t.Fatalf("Workers -1 = %v", err)
 	}
@@ -291,8 +292,8 @@ func (g greedy) Receive(ctx context.Context, max int) ([]*driver.Message, error)
 // flow-control tokens (which would stop the pump for good).
 func TestDriverReturningTooManyDoesNotStall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 100})
-		raw, _ := w.b.SubscriptionDriver("s")
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, MaxBatch: 100})
+		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		var calls atomic.Int32
 		_, stop := w.start(t, greedy{raw}, &subscribe.Config{Workers: 2, MaxOutstanding: 2}, func(ctx context.Context, d *keyorder.Delivery) error {
 			calls.Add(1)

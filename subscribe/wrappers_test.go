@@ -24,7 +24,7 @@ func TestWrappedNilErrorAcks(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered})
 				w.publish(t, "m1", "k")
 				w.publish(t, "m2", "k")
 				var mu sync.Mutex
@@ -55,7 +55,7 @@ func TestWrappedNilErrorAcks(t *testing.T) {
 // succeeded: the whole batch is acknowledged.
 func TestBatchFailedAtNilAcks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 		w.publish(t, "m1", "k")
 		w.publish(t, "m2", "k")
 		var rec batchRec
@@ -80,7 +80,7 @@ func TestBatchFailedAtNilAcks(t *testing.T) {
 func TestRetryAfterNegativeDelayRetriesNow(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
 		synctest.Test(t, func(t *testing.T) {
-			w := newWorld(t, &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold})
+			w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold})
 			w.publish(t, "m1", "k")
 			var mu sync.Mutex
 			var at []time.Duration

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -41,11 +42,11 @@ func BenchmarkPublishHandleOrderedPrebuilt(b *testing.B) {
 func benchPublishHandle(b *testing.B, chain int, prebuilt bool) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	br := memory.NewBroker()
-	if err := br.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: chain, MaxBatch: 100}); err != nil {
+	if err := br.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: chain, MaxBatch: 100}); err != nil {
 		b.Fatal(err)
 	}
-	pub, _ := publish.New(br.TopicDriver("t"), &publish.Config{Logger: quiet})
-	drv, _ := br.SubscriptionDriver("s")
+	pub, _ := publish.New(memhook.Of(br).TopicDriver("t"), &publish.Config{Logger: quiet})
+	drv, _ := memhook.Of(br).SubscriptionDriver("s")
 	sub, _ := subscribe.New(drv, &subscribe.Config{Workers: 8, MaxOutstanding: 512, Logger: quiet})
 	var handled atomic.Int64
 	done := make(chan struct{})

@@ -8,6 +8,7 @@ import (
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/internal/memhook"
 )
 
 type harness struct {
@@ -32,15 +33,15 @@ func (h harness) Capabilities() integration.Capabilities {
 
 func (h harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("topic", "sub", &memory.SubscriptionConfig{
+	if err := b.CreateSubscription("topic", "sub", &memory.SubscriptionOptions{
 		Ordering: spec.Ordering, Hold: h.hold, LeaseDuration: spec.LeaseDuration, Chain: h.chain,
 	}); err != nil {
 		return nil, err
 	}
 	return &integration.Pair{
-		Topic: b.TopicDriver("topic"),
+		Topic: memhook.Of(b).TopicDriver("topic"),
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
-			return b.SubscriptionDriver("sub")
+			return memhook.Of(b).SubscriptionDriver("sub")
 		},
 	}, nil
 }

@@ -83,7 +83,7 @@ func ExampleBroker() {
 
 	b := memory.NewBroker()
 	if err := b.CreateSubscription("ledger", "apply-balance",
-		&memory.SubscriptionConfig{Ordering: policy.Ordered}); err != nil {
+		&memory.SubscriptionOptions{Ordering: policy.Ordered}); err != nil {
 		panic(err)
 	}
 	sub, err := b.OpenSubscription("apply-balance", nil)

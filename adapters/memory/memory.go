@@ -30,8 +30,8 @@
 //
 // # Ordering
 //
-// Native: the subscription is a groupq.Queue: the oldest deliverable message
-// goes first; under Exclusive and Ordered nothing of a group is handed out
+// Native: the subscription is a queue of ordering groups: the oldest
+// deliverable message goes first; under Exclusive and Ordered nothing of a group is handed out
 // while one of its messages is leased; Nack under Ordered holds the group
 // until the retry time. InProcess: messages of a key go, in order, to one
 // consumer at a time (the one holding unsettled messages of the key).
@@ -49,13 +49,11 @@
 //
 // # Fault injection
 //
-// Broker.FailSends and Broker.FailSettlements make sends and settlement
-// calls fail on demand, transiently (errors wrapping ErrTransient, which
-// IsRetryable reports true) or permanently, before or after taking effect,
-// so the portable layer's retries can be tested without a network.
-// Subscription.Crash makes one consumer die: its leases expire without
-// settlement. Package keyordertest builds its user-facing fault injection
-// on these hooks.
+// Sends and settlement calls can be made to fail on demand, transiently or
+// permanently, before or after taking effect, and a consumer can be made to
+// die (its leases expire without settlement), so the portable layer's
+// retries can be tested without a network: see package keyordertest
+// (FailPublishes, FailSettlements, Consumer.Crash).
 package memory
 
 import (
@@ -69,6 +67,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -87,7 +86,7 @@ const (
 	InProcess
 )
 
-// Defaults for SubscriptionConfig.
+// Defaults for SubscriptionOptions and TopicOptions.
 const (
 	LeaseDurationDefault = 30 * time.Second
 	MaxBatchDefault      = 10
@@ -95,8 +94,8 @@ const (
 	MaxKeyDefault        = 1024
 )
 
-// SubscriptionConfig configures a subscription at creation.
-type SubscriptionConfig struct {
+// SubscriptionOptions configures a subscription at creation.
+type SubscriptionOptions struct {
 	// Ordering is the delivery policy. Defaults to policy.Parallel (zero)
 	// for typed use, as on every backend; the URL opener defaults to
 	// policy.Ordered.
@@ -118,8 +117,8 @@ type SubscriptionConfig struct {
 	Retry *policy.Retry
 }
 
-func (c *SubscriptionConfig) withDefaults() SubscriptionConfig {
-	var out SubscriptionConfig
+func (c *SubscriptionOptions) withDefaults() SubscriptionOptions {
+	var out SubscriptionOptions
 	if c != nil {
 		out = *c
 	}
@@ -139,8 +138,8 @@ func (c *SubscriptionConfig) withDefaults() SubscriptionConfig {
 	return out
 }
 
-// TopicConfig configures a topic.
-type TopicConfig struct {
+// TopicOptions configures a topic.
+type TopicOptions struct {
 	// MaxKeyBytes limits keys. Defaults to MaxKeyDefault.
 	MaxKeyBytes int
 	// MaxPayloadBytes limits payloads. Defaults to MaxPayloadDefault.
@@ -163,7 +162,7 @@ func NewBroker() *Broker {
 
 type topic struct {
 	name   string
-	cfg    TopicConfig
+	cfg    TopicOptions
 	subs   []*subscription
 	failFn func([]*driver.Message) error
 
@@ -181,17 +180,17 @@ type topic struct {
 const payloadChunk = 4096
 
 // CreateTopic creates a topic; creating an existing one is a no-op.
-func (b *Broker) CreateTopic(name string, cfg *TopicConfig) {
+func (b *Broker) CreateTopic(name string, cfg *TopicOptions) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.topicLocked(name, cfg)
 }
 
-func (b *Broker) topicLocked(name string, cfg *TopicConfig) *topic {
+func (b *Broker) topicLocked(name string, cfg *TopicOptions) *topic {
 	if t, ok := b.topics[name]; ok {
 		return t
 	}
-	c := TopicConfig{}
+	c := TopicOptions{}
 	if cfg != nil {
 		c = *cfg
 	}
@@ -211,13 +210,13 @@ func (b *Broker) topicLocked(name string, cfg *TopicConfig) *topic {
 // delivered to it. Creating an existing subscription with the same
 // configuration is a no-op; with a different ordering or hold it fails.
 // An Ordering or Hold out of range fails with keyorder.ErrInvalidConfig.
-func (b *Broker) CreateSubscription(topicName, name string, cfg *SubscriptionConfig) error {
+func (b *Broker) CreateSubscription(topicName, name string, cfg *SubscriptionOptions) error {
 	c := cfg.withDefaults()
 	switch {
 	case !c.Ordering.Valid():
-		return fmt.Errorf("%w: memory: SubscriptionConfig.Ordering: unknown ordering %d", keyorder.ErrInvalidConfig, int(c.Ordering))
+		return fmt.Errorf("%w: memory: SubscriptionOptions.Ordering: unknown ordering %d", keyorder.ErrInvalidConfig, int(c.Ordering))
 	case c.Hold != Native && c.Hold != InProcess:
-		return fmt.Errorf("%w: memory: SubscriptionConfig.Hold: unknown hold %d", keyorder.ErrInvalidConfig, int(c.Hold))
+		return fmt.Errorf("%w: memory: SubscriptionOptions.Hold: unknown hold %d", keyorder.ErrInvalidConfig, int(c.Hold))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -241,45 +240,18 @@ var (
 	errNotFound = errors.New("memory: not found")
 )
 
-// FailSends makes every SendBatch on topic call fn first; a non-nil result
-// fails the batch without delivering anything. Pass nil to stop. It is a
-// fault-injection hook for tests of publish failure handling.
-func (b *Broker) FailSends(topicName string, fn func(ms []*driver.Message) error) {
+// failSends makes every SendBatch on topic call fn first; a non-nil result
+// fails the batch without delivering anything. nil stops
+// (memhook.Broker.FailSends).
+func (b *Broker) failSends(topicName string, fn func(ms []*driver.Message) error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.topicLocked(topicName, nil).failFn = fn
 }
 
-// SettleOp names a settlement call of a subscription driver, for
-// FailSettlements.
-type SettleOp string
-
-// The settlement calls FailSettlements can fail.
-const (
-	OpAck          SettleOp = "ack"
-	OpNack         SettleOp = "nack"
-	OpRelease      SettleOp = "release"
-	OpDeadLetter   SettleOp = "deadletter"
-	OpExtendLeases SettleOp = "extendleases"
-)
-
-// Fault is what an injected settlement failure does. The zero Fault lets
-// the call through.
-type Fault struct {
-	// Err is returned by the call. Wrap ErrTransient to make it retryable
-	// (IsRetryable reports true); any other error is permanent.
-	Err error
-	// Applied makes the call take effect before Err is returned, as when
-	// the broker acted but its answer was lost on the way back.
-	Applied bool
-}
-
-// FailSettlements makes every settlement call (Ack, Nack, Release,
-// DeadLetter, ExtendLeases) of every consumer of the subscription call fn
-// first, with the messages of the call; the Fault it returns decides the
-// call's outcome. Pass nil to stop. It is a fault-injection hook for tests
-// of settlement under a flaky network; fn may be called concurrently.
-func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*driver.Message) Fault) error {
+// failSettlements makes every settlement call of every consumer of the
+// subscription call fn first (memhook.Broker.FailSettlements).
+func (b *Broker) failSettlements(subName string, fn func(op memhook.Op, ms []*driver.Message) memhook.Fault) error {
 	b.mu.Lock()
 	s, ok := b.subs[subName]
 	b.mu.Unlock()
@@ -294,38 +266,39 @@ func (b *Broker) FailSettlements(subName string, fn func(op SettleOp, ms []*driv
 	return nil
 }
 
-// TopicDriver returns a publishing driver for topic, creating it if needed.
-func (b *Broker) TopicDriver(name string) *Topic {
+// newTopicDriver returns a publishing driver for topic, creating it if needed.
+func (b *Broker) newTopicDriver(name string) *topicDriver {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return &Topic{b: b, t: b.topicLocked(name, nil)}
+	return &topicDriver{b: b, t: b.topicLocked(name, nil)}
 }
 
-// SubscriptionDriver returns a consuming driver for an existing subscription.
-// Each call returns a separate consumer, as separate processes would have.
-func (b *Broker) SubscriptionDriver(name string) (*Subscription, error) {
+// newSubscriptionDriver returns a consuming driver for an existing
+// subscription. Each call returns a separate consumer, as separate
+// processes would have.
+func (b *Broker) newSubscriptionDriver(name string) (*subscriptionDriver, error) {
 	b.mu.Lock()
 	s, ok := b.subs[name]
 	b.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("memory: subscription %q: %w", name, errNotFound)
 	}
-	return &Subscription{s: s, consumer: s.newConsumer(), crash: make(chan struct{})}, nil
+	return &subscriptionDriver{s: s, consumer: s.newConsumer(), crash: make(chan struct{})}, nil
 }
 
-// Topic is the driver.Topic driver of a memory topic.
-type Topic struct {
+// topicDriver is the driver.Topic driver of a memory topic.
+type topicDriver struct {
 	b *Broker
 	t *topic
 }
 
-var _ driver.Topic = (*Topic)(nil)
+var _ driver.Topic = (*topicDriver)(nil)
 
 // SendBatch delivers ms to every subscription of the topic. It retains
 // nothing of ms: the topic stores one copy of each payload and headers
 // map, which its subscriptions share and never modify, and each delivery
-// gets its own copy of the payload (see Subscription.Receive).
-func (t *Topic) SendBatch(ctx context.Context, ms []*driver.Message) error {
+// gets its own copy of the payload (see subscriptionDriver.Receive).
+func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -365,7 +338,7 @@ type stored struct {
 }
 
 // Limits returns the topic's limits.
-func (t *Topic) Limits() driver.Limits {
+func (t *topicDriver) Limits() driver.Limits {
 	return driver.Limits{
 		Backend:          "memory",
 		MaxKeyBytes:      t.t.cfg.MaxKeyBytes,
@@ -377,17 +350,14 @@ func (t *Topic) Limits() driver.Limits {
 }
 
 // IsRetryable reports false: the memory broker has no transient failures
-// except those a test injects, which it marks with ErrTransient.
-func (t *Topic) IsRetryable(err error) bool { return errors.Is(err, ErrTransient) }
+// except those a test injects, which it marks with memhook.ErrTransient.
+func (t *topicDriver) IsRetryable(err error) bool { return errors.Is(err, memhook.ErrTransient) }
 
 // ErrorCode classifies memory errors.
-func (t *Topic) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close does nothing.
-func (t *Topic) Close() error { return nil }
-
-// ErrTransient can be wrapped by an injected failure to make it retryable.
-var ErrTransient = errors.New("memory: transient failure")
+func (t *topicDriver) Close() error { return nil }
 
 func errorCode(err error) keyorder.ErrorCode {
 	switch {
@@ -395,7 +365,7 @@ func errorCode(err error) keyorder.ErrorCode {
 		return keyorder.CodeNotFound
 	case errors.Is(err, errConflict):
 		return keyorder.CodeFailedPrecondition
-	case errors.Is(err, ErrTransient):
+	case errors.Is(err, memhook.ErrTransient):
 		return keyorder.CodeUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return keyorder.CodeCanceled
@@ -403,9 +373,9 @@ func errorCode(err error) keyorder.ErrorCode {
 	return keyorder.CodeUnknown
 }
 
-// Subscription is the driver.Subscription driver of one consumer of a
+// subscriptionDriver is the driver.Subscription driver of one consumer of a
 // memory subscription.
-type Subscription struct {
+type subscriptionDriver struct {
 	s        *subscription
 	consumer int
 
@@ -415,35 +385,30 @@ type Subscription struct {
 }
 
 var (
-	_ driver.Subscription    = (*Subscription)(nil)
-	_ driver.DeadLetterStore = (*Subscription)(nil)
+	_ driver.Subscription    = (*subscriptionDriver)(nil)
+	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 )
 
 // Receive waits for deliverable messages. Each message's Payload is its
 // own copy, made for this delivery: the consumer may modify it without
 // changing what a redelivery or another subscription receives. Headers are
 // shared and must not be modified.
-func (d *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+func (d *subscriptionDriver) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	if d.crashed.Load() {
-		return nil, ErrCrashed
+		return nil, memhook.ErrCrashed
 	}
 	return d.s.receive(ctx, d.consumer, max, d.crash)
 }
 
-// ErrCrashed is returned by every call of a consumer after Crash. It is
-// permanent (IsRetryable reports false).
-var ErrCrashed = errors.New("memory: consumer crashed (fault injection)")
-
 // Crash makes this consumer behave as a process that died: from now on
-// every call fails with ErrCrashed without reaching the broker (a Receive
+// every call fails with memhook.ErrCrashed without reaching the broker (a Receive
 // under way returns it at once), so nothing it holds is acknowledged,
 // returned or extended, and its leases expire after the subscription's
 // lease duration, counting an attempt for the messages that may have been
 // running (see Delivery semantics), as a dead process's would. A
-// consumer opened afterwards with Broker.SubscriptionDriver plays the
-// restarted process. It is a fault-injection hook for tests of lost
-// consumers.
-func (d *Subscription) Crash() {
+// consumer opened afterwards plays the restarted process
+// (memhook.Subscription.Crash).
+func (d *subscriptionDriver) Crash() {
 	d.crashOnce.Do(func() {
 		d.crashed.Store(true)
 		close(d.crash)
@@ -451,9 +416,9 @@ func (d *Subscription) Crash() {
 }
 
 // inject runs a settlement call through the subscription's fault hook.
-func (d *Subscription) inject(op SettleOp, ms []*driver.Message, call func() error) error {
+func (d *subscriptionDriver) inject(op memhook.Op, ms []*driver.Message, call func() error) error {
 	if d.crashed.Load() {
-		return ErrCrashed
+		return memhook.ErrCrashed
 	}
 	fn := d.s.faults.Load()
 	if fn == nil {
@@ -470,16 +435,16 @@ func (d *Subscription) inject(op SettleOp, ms []*driver.Message, call func() err
 }
 
 // Ack settles messages.
-func (d *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
-	return d.inject(OpAck, ms, func() error {
+func (d *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
+	return d.inject(memhook.OpAck, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.ack(l) })
 	})
 }
 
 // Nack returns a failed message, redeliverable after delay.
-func (d *Subscription) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+func (d *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	ms := []*driver.Message{m}
-	return d.inject(OpNack, ms, func() error {
+	return d.inject(memhook.OpNack, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) {
 			l.nacked = true
 			d.s.retry(l, now.Add(delay), true, !d.s.ordered())
@@ -490,16 +455,16 @@ func (d *Subscription) Nack(ctx context.Context, m *driver.Message, delay time.D
 // Release returns unhandled messages without counting an attempt. It returns
 // the last first: on an InProcess subscription returning a message returns
 // the later delivered messages of its key with it.
-func (d *Subscription) Release(ctx context.Context, ms []*driver.Message) error {
-	return d.inject(OpRelease, ms, func() error {
+func (d *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
+	return d.inject(memhook.OpRelease, ms, func() error {
 		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false, false) })
 	})
 }
 
 // ExtendLeases renews leases; expired ones are reported lost.
-func (d *Subscription) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
+func (d *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	var lost []*driver.Message
-	err := d.inject(OpExtendLeases, ms, func() error {
+	err := d.inject(memhook.OpExtendLeases, ms, func() error {
 		lost = d.s.extend(ms)
 		return nil
 	})
@@ -507,15 +472,15 @@ func (d *Subscription) ExtendLeases(ctx context.Context, ms []*driver.Message) (
 }
 
 // DeadLetter moves m to the subscription's dead letters.
-func (d *Subscription) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+func (d *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	ms := []*driver.Message{m}
-	return d.inject(OpDeadLetter, ms, func() error {
+	return d.inject(memhook.OpDeadLetter, ms, func() error {
 		return d.s.settle(ms, func(l *lease, now time.Time) { d.s.deadLetter(l, reason, attempts, now) })
 	})
 }
 
 // Capabilities describes the subscription.
-func (d *Subscription) Capabilities() driver.Capabilities {
+func (d *subscriptionDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Ordering:      d.s.cfg.Ordering,
 		NativeHold:    d.s.cfg.Hold == Native,
@@ -526,24 +491,53 @@ func (d *Subscription) Capabilities() driver.Capabilities {
 }
 
 // IsRetryable reports whether err is transient.
-func (d *Subscription) IsRetryable(err error) bool { return errors.Is(err, ErrTransient) }
+func (d *subscriptionDriver) IsRetryable(err error) bool { return errors.Is(err, memhook.ErrTransient) }
 
 // ErrorCode classifies memory errors.
-func (d *Subscription) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+func (d *subscriptionDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
 
 // Close detaches the consumer; its leases expire as a crashed process's
 // would.
-func (d *Subscription) Close() error { return nil }
+func (d *subscriptionDriver) Close() error { return nil }
 
 // DeadLetters lists dead letters, oldest first.
-func (d *Subscription) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
+func (d *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
 	return d.s.deadLetters(limit), nil
 }
 
 // Redrive re-enqueues dead letters after everything that arrived meanwhile.
-func (d *Subscription) Redrive(ctx context.Context, ids []string) (int, error) {
+func (d *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
 	return d.s.redrive(ids), nil
 }
 
 // Name returns the subscription's name (driver.Namer).
-func (d *Subscription) Name() string { return d.s.name }
+func (d *subscriptionDriver) Name() string { return d.s.name }
+
+func init() {
+	memhook.Register(func(b any) (memhook.Broker, bool) {
+		br, ok := b.(*Broker)
+		return hooks{br}, ok && br != nil
+	})
+}
+
+// hooks is the test surface of a Broker (memhook.Broker), which package
+// keyordertest and the tests of the portable layer reach.
+type hooks struct{ b *Broker }
+
+func (h hooks) TopicDriver(name string) driver.Topic { return h.b.newTopicDriver(name) }
+
+func (h hooks) SubscriptionDriver(name string) (memhook.Subscription, error) {
+	d, err := h.b.newSubscriptionDriver(name)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (h hooks) FailSends(topic string, fn func(ms []*driver.Message) error) {
+	h.b.failSends(topic, fn)
+}
+
+func (h hooks) FailSettlements(sub string, fn func(op memhook.Op, ms []*driver.Message) memhook.Fault) error {
+	return h.b.failSettlements(sub, fn)
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -22,7 +23,7 @@ func send(t *testing.T, b *memory.Broker, specs ...[2]string) {
 	for _, s := range specs {
 		ms = append(ms, &driver.Message{ID: s[0], Key: s[1], Payload: []byte(s[0])})
 	}
-	if err := b.TopicDriver("t").SendBatch(context.Background(), ms); err != nil {
+	if err := memhook.Of(b).TopicDriver("t").SendBatch(context.Background(), ms); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,11 +41,11 @@ func ids(ms []*driver.Message) []string {
 func TestInProcessRedeliversSuccessors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 10 * time.Second})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"b1", "B"})
 		ctx := context.Background()
-		c1, _ := b.SubscriptionDriver("s")
-		c2, _ := b.SubscriptionDriver("s")
+		c1, _ := memhook.Of(b).SubscriptionDriver("s")
+		c2, _ := memhook.Of(b).SubscriptionDriver("s")
 		got, _ := c1.Receive(ctx, 3)
 		if !slices.Equal(ids(got), []string{"a1", "a2", "a3"}) {
 			t.Fatalf("c1 got %v; a key's successors stream while earlier ones are unsettled", ids(got))
@@ -71,10 +72,10 @@ func TestInProcessRedeliversSuccessors(t *testing.T) {
 func TestNativeNackHoldsGroupAndChains(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 3})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 3})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"}, [2]string{"b1", "B"})
 		ctx := context.Background()
-		c, _ := b.SubscriptionDriver("s")
+		c, _ := memhook.Of(b).SubscriptionDriver("s")
 		got, _ := c.Receive(ctx, 10)
 		if !slices.Equal(ids(got), []string{"a1", "a2", "a3", "b1"}) {
 			t.Fatalf("got %v, want a chain of 3 of A then b1", ids(got))
@@ -140,12 +141,12 @@ func TestURLParameters(t *testing.T) {
 // A message settles only on the subscription that delivered it.
 func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
 	b := memory.NewBroker()
-	b.CreateSubscription("t", "s1", &memory.SubscriptionConfig{Ordering: policy.Ordered})
-	b.CreateSubscription("t", "s2", &memory.SubscriptionConfig{Ordering: policy.Ordered})
+	b.CreateSubscription("t", "s1", &memory.SubscriptionOptions{Ordering: policy.Ordered})
+	b.CreateSubscription("t", "s2", &memory.SubscriptionOptions{Ordering: policy.Ordered})
 	send(t, b, [2]string{"m1", "k"})
 	ctx := context.Background()
-	c1, _ := b.SubscriptionDriver("s1")
-	c2, _ := b.SubscriptionDriver("s2")
+	c1, _ := memhook.Of(b).SubscriptionDriver("s1")
+	c2, _ := memhook.Of(b).SubscriptionDriver("s2")
 	m1, _ := c1.Receive(ctx, 1)
 	m2, _ := c2.Receive(ctx, 1)
 	if err := c2.Ack(ctx, m1); err == nil {
@@ -164,10 +165,10 @@ func TestSettleOnAnotherSubscriptionFails(t *testing.T) {
 // an error.
 func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
 	b := memory.NewBroker()
-	b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: memory.InProcess})
+	b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess})
 	send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"})
 	ctx := context.Background()
-	c, _ := b.SubscriptionDriver("s")
+	c, _ := memhook.Of(b).SubscriptionDriver("s")
 	got, _ := c.Receive(ctx, 10)
 	if err := c.Release(ctx, got); err != nil {
 		t.Fatalf("releasing a1 a2 a3 = %v", err)
@@ -194,10 +195,10 @@ func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
 func TestCrashedConsumerLeasesExpire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"})
 		ctx := context.Background()
-		c1, _ := b.SubscriptionDriver("s")
+		c1, _ := memhook.Of(b).SubscriptionDriver("s")
 		got, _ := c1.Receive(ctx, 1)
 		if !slices.Equal(ids(got), []string{"a1"}) {
 			t.Fatalf("c1 got %v", ids(got))
@@ -206,13 +207,13 @@ func TestCrashedConsumerLeasesExpire(t *testing.T) {
 		go func() { _, err := c1.Receive(ctx, 1); waiting <- err }()
 		synctest.Wait()
 		c1.Crash()
-		if err := <-waiting; !errors.Is(err, memory.ErrCrashed) {
+		if err := <-waiting; !errors.Is(err, memhook.ErrCrashed) {
 			t.Fatalf("Receive under way returned %v, want ErrCrashed", err)
 		}
-		if err := c1.Ack(ctx, got); !errors.Is(err, memory.ErrCrashed) || c1.IsRetryable(err) {
+		if err := c1.Ack(ctx, got); !errors.Is(err, memhook.ErrCrashed) || c1.IsRetryable(err) {
 			t.Fatalf("Ack after Crash returned %v (retryable %v), want permanent ErrCrashed", err, c1.IsRetryable(err))
 		}
-		c2, _ := b.SubscriptionDriver("s")
+		c2, _ := memhook.Of(b).SubscriptionDriver("s")
 		time.Sleep(9 * time.Second)
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		early, _ := c2.Receive(rctx, 1)
@@ -234,10 +235,10 @@ func TestEarlierDeliveryCannotSettleALaterOne(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
 		synctest.Test(t, func(t *testing.T) {
 			b := memory.NewBroker()
-			b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 10 * time.Second})
+			b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 10 * time.Second})
 			send(t, b, [2]string{"a1", "A"})
 			ctx := context.Background()
-			c, _ := b.SubscriptionDriver("s")
+			c, _ := memhook.Of(b).SubscriptionDriver("s")
 			first, _ := c.Receive(ctx, 1)
 			if err := c.Nack(ctx, first[0], 0); err != nil {
 				t.Fatal(err)
@@ -263,14 +264,14 @@ func TestEarlierDeliveryCannotSettleALaterOne(t *testing.T) {
 // naming the field, and no subscription is made.
 func TestCreateSubscriptionRejectsUnknownEnums(t *testing.T) {
 	b := memory.NewBroker()
-	for field, c := range map[string]*memory.SubscriptionConfig{
+	for field, c := range map[string]*memory.SubscriptionOptions{
 		"Ordering": {Ordering: policy.Ordering(99)},
 		"Hold":     {Hold: memory.Hold(-1)},
 	} {
 		if err := b.CreateSubscription("t", "s", c); !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s out of range: %v, want ErrInvalidConfig naming it", field, err)
 		}
-		if _, err := b.SubscriptionDriver("s"); err == nil {
+		if _, err := memhook.Of(b).SubscriptionDriver("s"); err == nil {
 			t.Errorf("%s out of range: the subscription was made", field)
 		}
 	}
@@ -285,14 +286,14 @@ func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
 		name     string
 		ordering policy.Ordering
 		hold     memory.Hold
-		settle   func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error
+		settle   func(ctx context.Context, c memhook.Subscription, got []*driver.Message) error
 		want     []int // attempts of a1 a2 a3 (and a4) at the next receive
 	}
-	nothing := func(context.Context, *memory.Subscription, []*driver.Message) error { return nil }
-	ackFirst := func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error {
+	nothing := func(context.Context, memhook.Subscription, []*driver.Message) error { return nil }
+	ackFirst := func(ctx context.Context, c memhook.Subscription, got []*driver.Message) error {
 		return c.Ack(ctx, got[:1])
 	}
-	nackFirst := func(ctx context.Context, c *memory.Subscription, got []*driver.Message) error {
+	nackFirst := func(ctx context.Context, c memhook.Subscription, got []*driver.Message) error {
 		return c.Nack(ctx, got[0], 0)
 	}
 	for _, s := range []shape{
@@ -308,10 +309,10 @@ func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := memory.NewBroker()
-				b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: s.ordering, Hold: s.hold, Chain: 3, LeaseDuration: 10 * time.Second})
+				b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: s.ordering, Hold: s.hold, Chain: 3, LeaseDuration: 10 * time.Second})
 				send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"})
 				ctx := context.Background()
-				c1, _ := b.SubscriptionDriver("s")
+				c1, _ := memhook.Of(b).SubscriptionDriver("s")
 				got, _ := c1.Receive(ctx, 3)
 				if !slices.Equal(ids(got), []string{"a1", "a2", "a3"}) {
 					t.Fatalf("c1 got %v, want the chain a1 a2 a3", ids(got))
@@ -321,7 +322,7 @@ func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
 				}
 				c1.Crash()
 				time.Sleep(11 * time.Second)
-				c2, _ := b.SubscriptionDriver("s")
+				c2, _ := memhook.Of(b).SubscriptionDriver("s")
 				var attempts []int
 				var names []string
 				for len(attempts) < len(s.want) {

@@ -14,6 +14,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -34,12 +35,12 @@ func TestSendBatchDoesNotRetainPayload(t *testing.T) {
 	ctx := context.Background()
 	buf := []byte("original")
 	hs := map[string]string{"h": "v"}
-	if err := b.TopicDriver("t").SendBatch(ctx, []*driver.Message{{ID: "1", Payload: buf, Headers: hs}}); err != nil {
+	if err := memhook.Of(b).TopicDriver("t").SendBatch(ctx, []*driver.Message{{ID: "1", Payload: buf, Headers: hs}}); err != nil {
 		t.Fatal(err)
 	}
 	overwrite(buf)
 	hs["h"] = "changed"
-	c, _ := b.SubscriptionDriver("s")
+	c, _ := memhook.Of(b).SubscriptionDriver("s")
 	got, err := c.Receive(ctx, 10)
 	if err != nil || len(got) != 1 {
 		t.Fatalf("Receive = %d messages, %v", len(got), err)
@@ -54,7 +55,7 @@ func TestSendBatchDoesNotRetainPayload(t *testing.T) {
 func TestPublishDoesNotRetainPayload(t *testing.T) {
 	b := memory.NewBroker()
 	b.CreateSubscription("t", "s", nil)
-	p, err := publish.New(b.TopicDriver("t"), nil)
+	p, err := publish.New(memhook.Of(b).TopicDriver("t"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func TestPublishDoesNotRetainPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	overwrite(buf)
-	c, _ := b.SubscriptionDriver("s")
+	c, _ := memhook.Of(b).SubscriptionDriver("s")
 	got, _ := c.Receive(ctx, 10)
 	if len(got) != 1 || string(got[0].Payload) != "original" {
 		t.Fatalf("delivered %q, want \"original\"", payloadsOf(got))
@@ -86,13 +87,13 @@ func TestDeliveryPayloadIsItsOwn(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			b := memory.NewBroker()
-			cfg := &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold}
+			cfg := &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold}
 			b.CreateSubscription("t", "s1", cfg)
 			b.CreateSubscription("t", "s2", cfg)
 			send(t, b, [2]string{"a1", "A"})
 			ctx := context.Background()
-			c1, _ := b.SubscriptionDriver("s1")
-			c2, _ := b.SubscriptionDriver("s2")
+			c1, _ := memhook.Of(b).SubscriptionDriver("s1")
+			c2, _ := memhook.Of(b).SubscriptionDriver("s2")
 			got, _ := c1.Receive(ctx, 10)
 			if len(got) != 1 {
 				t.Fatalf("s1 got %v", payloadsOf(got))
@@ -130,10 +131,10 @@ func TestHandlerPayloadWritesStayInTheirDelivery(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 				b := memory.NewBroker()
-				cfg := &memory.SubscriptionConfig{Ordering: policy.Ordered, Hold: hold}
+				cfg := &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold}
 				b.CreateSubscription("t", "s1", cfg)
 				b.CreateSubscription("t", "s2", cfg)
-				p, err := publish.New(b.TopicDriver("t"), nil)
+				p, err := publish.New(memhook.Of(b).TopicDriver("t"), nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -161,7 +162,7 @@ func TestHandlerPayloadWritesStayInTheirDelivery(t *testing.T) {
 				}
 				var subs []*subscribe.Subscriber
 				for _, name := range []string{"s1", "s2"} {
-					drv, _ := b.SubscriptionDriver(name)
+					drv, _ := memhook.Of(b).SubscriptionDriver(name)
 					s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet})
 					if err != nil {
 						t.Fatal(err)
@@ -204,9 +205,9 @@ func TestBatchHandedAgainGetsOriginalPayload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionConfig{Ordering: policy.Ordered, Chain: 2})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"})
-		drv, _ := b.SubscriptionDriver("s")
+		drv, _ := memhook.Of(b).SubscriptionDriver("s")
 		s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet, Batch: &subscribe.BatchConfig{MaxSize: 2}})
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/groupq"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/internal/slab"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -66,7 +67,7 @@ type ikey struct {
 
 type subscription struct {
 	name, topic string
-	cfg         SubscriptionConfig
+	cfg         SubscriptionOptions
 
 	mu sync.Mutex
 	// waiting holds the wake-up channel of each receiver waiting for a
@@ -80,7 +81,7 @@ type subscription struct {
 	q *groupq.Queue[*entry] // Native
 
 	// faults is the FailSettlements hook, nil for none.
-	faults atomic.Pointer[func(op SettleOp, ms []*driver.Message) Fault]
+	faults atomic.Pointer[func(op memhook.Op, ms []*driver.Message) memhook.Fault]
 
 	seq     uint64 // InProcess
 	pending []*entry
@@ -90,7 +91,7 @@ type subscription struct {
 	payloads slab.Bytes       // deliveries' payload copies; s.mu held
 }
 
-func newSubscription(name, topic string, cfg SubscriptionConfig) *subscription {
+func newSubscription(name, topic string, cfg SubscriptionOptions) *subscription {
 	s := &subscription{
 		name: name, topic: topic, cfg: cfg,
 		leases:   map[uint64]*lease{},
@@ -194,8 +195,8 @@ func (s *subscription) add(e *entry) {
 	}
 }
 
-// receive waits for deliverable messages; it returns ErrCrashed once crash
-// is closed.
+// receive waits for deliverable messages; it returns memhook.ErrCrashed
+// once crash is closed.
 func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-chan struct{}) ([]*driver.Message, error) {
 	if max <= 0 || max > s.cfg.MaxBatch {
 		max = s.cfg.MaxBatch
@@ -226,7 +227,7 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 		select {
 		case <-crash:
 			s.mu.Unlock()
-			return nil, ErrCrashed
+			return nil, memhook.ErrCrashed
 		default:
 		}
 		now := time.Now()
@@ -253,7 +254,7 @@ func (s *subscription) receive(ctx context.Context, consumer, max int, crash <-c
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-crash:
-			return nil, ErrCrashed
+			return nil, memhook.ErrCrashed
 		case <-ch:
 		case <-tc:
 		}

@@ -53,7 +53,7 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (driver.Topic, e
 	if err != nil {
 		return nil, err
 	}
-	var cfg TopicConfig
+	var cfg TopicOptions
 	for _, kv := range ps {
 		p, v := kv.Name, kv.Value
 		if p == "payload" {
@@ -76,7 +76,7 @@ func (o *URLOpener) OpenTopicURL(_ context.Context, u *url.URL) (driver.Topic, e
 		}
 	}
 	o.Broker.CreateTopic(name, &cfg)
-	return o.Broker.TopicDriver(name), nil
+	return o.Broker.newTopicDriver(name), nil
 }
 
 // OpenSubscriptionURL opens mem://topic?subscription=name&..., creating the
@@ -90,7 +90,7 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (driver.S
 	if err != nil {
 		return nil, err
 	}
-	cfg := SubscriptionConfig{Ordering: policy.Ordered}
+	cfg := SubscriptionOptions{Ordering: policy.Ordered}
 	var name string
 	for _, kv := range ps {
 		p, v := kv.Name, kv.Value
@@ -138,7 +138,7 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (driver.S
 	if err := o.Broker.CreateSubscription(topicName, name, &cfg); err != nil {
 		return nil, err
 	}
-	return o.Broker.SubscriptionDriver(name)
+	return o.Broker.newSubscriptionDriver(name)
 }
 
 // ErrorCode classifies the errors of the opener (driver.ErrorCoder).

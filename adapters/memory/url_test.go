@@ -124,7 +124,7 @@ func TestURLSpellings(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", qq, err)
 			}
-			lims = append(lims, d.(*Topic).Limits())
+			lims = append(lims, d.(*topicDriver).Limits())
 		}
 		if lims[0].MaxKeyBytes != lims[1].MaxKeyBytes || lims[0].MaxPayloadBytes != lims[1].MaxPayloadBytes || lims[0].MaxKeyBytes != 9 || lims[0].MaxPayloadBytes != 99 {
 			t.Errorf("%s → %+v, %s → %+v; want the same, 9 and 99", q[0], lims[0], q[1], lims[1])

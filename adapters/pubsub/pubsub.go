@@ -200,20 +200,20 @@ const (
 	MaxAckDeadline = 600 * time.Second
 )
 
-// DefaultPublishDelay is how long the client library waits to bundle more
+// PublishDelayDefault is how long the client library waits to bundle more
 // messages before sending (its DelayThreshold) unless
 // TopicOptions.PublishSettings says otherwise. The library's own default,
 // 10 ms, is made for callers that publish one message at a time; keyorder
 // gives it a key's whole batch at once and sends nothing more of the key
 // until the batch is answered, so the wait only delays the key.
-const DefaultPublishDelay = time.Millisecond
+const PublishDelayDefault = time.Millisecond
 
 // TopicOptions configure a Topic driver. A nil *TopicOptions means defaults.
 type TopicOptions struct {
 	// PublishSettings replaces the client library's publish settings
 	// (batching delay, count, flow control). Defaults to
 	// gpubsub.DefaultPublishSettings with DelayThreshold
-	// DefaultPublishDelay.
+	// PublishDelayDefault.
 	PublishSettings *gpubsub.PublishSettings
 	// Logger receives the driver's diagnostics. Defaults to slog.Default().
 	Logger *slog.Logger

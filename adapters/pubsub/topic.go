@@ -37,8 +37,8 @@ func openTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts
 	// keyorder hands the client a key's whole batch at once and sends
 	// nothing more of that key until the batch is answered, so waiting for
 	// more messages to bundle only delays the key: the default waits
-	// DefaultPublishDelay instead of the library's 10 ms.
-	pub.PublishSettings.DelayThreshold = DefaultPublishDelay
+	// PublishDelayDefault instead of the library's 10 ms.
+	pub.PublishSettings.DelayThreshold = PublishDelayDefault
 	if opts != nil && opts.PublishSettings != nil {
 		pub.PublishSettings = *opts.PublishSettings
 	}

@@ -47,10 +47,10 @@
 // Publishing never uses the client's default batcher: it packs messages of
 // many keys into one batch, and a Key_Shared subscription dispatches a batch
 // by one key only, so a key's messages reach several consumers (measured on
-// Pulsar 4.0.7: 200 keys, two consumers, every key reached both; see
-// TestRawDefaultBatcherSpreadsKeys). Batching is
-// key-based (pulsar.KeyBasedBatchBuilder) or off; TopicOptions that ask
-// for the default batcher are rejected with keyorder.ErrInvalidConfig.
+// Pulsar 4.0.7: 200 keys, two consumers, every key reached both; the
+// package's tests check it). Batching is key-based
+// (pulsar.KeyBasedBatchBuilder) or off; TopicOptions that ask for the
+// default batcher are rejected with keyorder.ErrInvalidConfig.
 //
 // Pulsar does not hold a key after a failure: a nack replays the message
 // after its key's successors (measured: messages 0-4 of one key, 0 nacked
@@ -100,11 +100,11 @@
 // position of the whole replay queue. A key's later messages can then reach
 // its new owner before the ones the leaver held. No upstream fix is known.
 // keyorder cannot see it: a process runs a key's messages in the order its
-// consumer receives them. It was seen once in about ten CI runs of
-// TestConsumersJoinAndLeave (four keys at once, each handed message n
-// while n-1 was still with the broker) and never in about 250 local runs
-// of that test or 20 of TestConsumersChurn (eight leaves per run). Those
-// tests record what each consumer received and fail on any break the
+// consumer receives them. It was seen once in about ten CI runs of the
+// package's test of consumers joining and leaving (four keys at once, each
+// handed message n while n-1 was still with the broker) and never in about
+// 250 local runs of that test or 20 of its churn test (eight leaves per
+// run). Those tests record what each consumer received and fail on any break the
 // process made; a consumer handed a key out of order within seconds of
 // another consumer leaving is logged as this race instead.
 //
@@ -112,8 +112,8 @@
 // the client reconnects by itself, and the process runs what it still
 // holds while the broker redelivers those messages. On topic unloads the
 // keys came back to the same consumers and only duplicates of finished
-// messages followed (TestTopicUnloadMidStream: no order break in 10 runs,
-// tens of duplicates per run).
+// messages followed (a topic unloaded mid-stream in the package's tests: no
+// order break in 10 runs, tens of duplicates per run).
 //
 // # Delivery semantics
 //
@@ -174,8 +174,8 @@ const (
 
 // Limits.
 const (
-	// DefaultMaxMessageBytes is the broker's default maxMessageSize (5 MiB).
-	DefaultMaxMessageBytes = 5 * 1024 * 1024
+	// MaxMessageBytesDefault is the broker's default maxMessageSize (5 MiB).
+	MaxMessageBytesDefault = 5 * 1024 * 1024
 	// MetadataRoom is what the payload limit leaves of the broker's maximum
 	// message size for the message's metadata: the key (carried twice, as
 	// key and ordering key), properties and the client's fields.

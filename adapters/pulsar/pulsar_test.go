@@ -272,7 +272,7 @@ func TestBadInputNothingSent(t *testing.T) {
 	}
 	defer pub.Close(ctx)
 	lim := topic.Limits()
-	if lim.MaxPayloadBytes != pulsar.DefaultMaxMessageBytes-pulsar.MetadataRoom {
+	if lim.MaxPayloadBytes != pulsar.MaxMessageBytesDefault-pulsar.MetadataRoom {
 		t.Fatalf("payload limit %d", lim.MaxPayloadBytes)
 	}
 	for name, m := range map[string]*keyorder.Message{

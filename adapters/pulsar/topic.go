@@ -24,7 +24,7 @@ type TopicOptions struct {
 	// MaxMessageBytes is the broker's maxMessageSize; the payload limit is
 	// this less MetadataRoom. The Go client does not expose the size the
 	// broker announces, so it is configuration. Defaults to
-	// DefaultMaxMessageBytes.
+	// MaxMessageBytesDefault.
 	MaxMessageBytes int
 	// ProducerOptions, when set, is the template of the producer's options
 	// (its Topic is replaced; a zero MaxPendingMessages means
@@ -103,7 +103,7 @@ func openTopicOwning(ctx context.Context, client pulsar.Client, topic string, op
 		closeClient()
 		return nil, err
 	}
-	maxMsg := DefaultMaxMessageBytes
+	maxMsg := MaxMessageBytesDefault
 	if opts != nil && opts.MaxMessageBytes > 0 {
 		maxMsg = opts.MaxMessageBytes
 	}

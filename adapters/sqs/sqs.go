@@ -144,8 +144,8 @@
 // extend. The bound on what a crash (or any lost lease) costs: one receive
 // on each message the process held; a message it had not started then
 // reports, wherever it is next received as its group's head, one attempt
-// more than its runs: at most one per crash that held it
-// (TestCrashInflatesUnstartedByOnePerCrash). What can also overcount, by
+// more than its runs: at most one per crash that held it (the package's
+// tests check this bound). What can also overcount, by
 // one per occurrence: a message another process received and put back
 // unrun — one that arrived as its subscriber stopped past its
 // ShutdownTimeout (a held chain whose retry had not come by then among
@@ -275,7 +275,7 @@ const (
 	// MaxMessageBytes. A payload that is not SQS text is sent
 	// base64-encoded, 4/3 its size, so a binary payload fits up to about
 	// 196,500 bytes with a UUID ID, a short key and no headers (the exact
-	// figure depends on the attributes; TestBinaryPayloadLimit measures
+	// figure depends on the attributes; the package's tests measure
 	// it). publish checks the encoded size before sending (Limits.Check)
 	// and rejects a message over it with a *keyorder.LimitError naming
 	// "encoded size"; nothing is sent and the key is not paused.

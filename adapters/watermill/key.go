@@ -26,7 +26,7 @@ type KeyConfig struct {
 
 // missing resolves the missing-key policy.
 func (c KeyConfig) missing() policy.MissingKey {
-	if c.MissingKey == policy.DefaultMissingKey {
+	if c.MissingKey == policy.MissingKeyDefault {
 		return policy.Reject
 	}
 	return c.MissingKey

@@ -140,7 +140,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// worker's place is, without the hand-off to a lane worker and
 		// back; otherwise a worker runs it in the key's turn. Either way
 		// run signals done.
-		if _, err := m.pool.SubmitOrRun(msg.Context(), key, key != "", j); err != nil {
+		if _, err := m.pool.SubmitOrRun(msg.Context(), lanes.Item{Key: key, Keyed: key != ""}, j); err != nil {
 			return nil, m.refused(j, err)
 		}
 		j.wait()

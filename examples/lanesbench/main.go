@@ -150,7 +150,7 @@ func runLanes(a lanes.Assignment, o policy.Ordering) func([]string) {
 		}
 		ctx := context.Background()
 		for i := range *nMsgs {
-			if err := p.Submit(ctx, keys[i%len(keys)], true, time.Time{}, i); err != nil {
+			if err := p.Submit(ctx, lanes.Item{Key: keys[i%len(keys)], Keyed: true}, i); err != nil {
 				log.Fatal(err)
 			}
 		}

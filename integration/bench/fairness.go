@@ -250,7 +250,7 @@ func fairFactory(ctx context.Context, name string) (koFactory, func(), error) {
 	case "memory":
 		b := memory.NewBroker()
 		return func(_ context.Context, id string) (*koDriver, error) {
-			if err := b.CreateSubscription(id, id, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
+			if err := b.CreateSubscription(id, id, &memory.SubscriptionOptions{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
 				return nil, err
 			}
 			return &koDriver{

@@ -17,7 +17,7 @@ const chanConsumers = 8
 func memoryBackend(context.Context) (*backend, error) {
 	broker := memory.NewBroker()
 	f := func(_ context.Context, id string) (*koDriver, error) {
-		if err := broker.CreateSubscription(id, id, &memory.SubscriptionConfig{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
+		if err := broker.CreateSubscription(id, id, &memory.SubscriptionOptions{Ordering: policy.Ordered, MaxBatch: 1000}); err != nil {
 			return nil, err
 		}
 		return &koDriver{

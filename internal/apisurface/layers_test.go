@@ -22,6 +22,7 @@ var layers = map[string]int{
 	"driver":              2, // the contract a backend implements
 	"internal/groupq":     2,
 	"internal/driverkit":  3, // message preparation shared by publish and built-in drivers
+	"internal/memhook":    3, // the memory broker's drivers and fault hooks, for tests
 	"lanes":               3,
 	"publish":             4,
 	"subscribe":           4,
