@@ -1,6 +1,6 @@
 package keyordertest_test
 
-// TestLedgerKeepsOrder is the README's "Testing your own pipeline" example,
+// TestLedgerKeepsOrder is the example of docs/testing.md ("Testing your own pipeline"),
 // verbatim: keep the two in step.
 
 import (
