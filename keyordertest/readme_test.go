@@ -1,7 +1,7 @@
 package keyordertest_test
 
 // TestLedgerKeepsOrder is the example of docs/testing.md ("Testing your own pipeline"),
-// verbatim: keep the two in step.
+// verbatim: TestDocsExampleIsReadmeTest keeps the two in step.
 
 import (
 	"context"
