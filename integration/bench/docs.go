@@ -1,11 +1,10 @@
 package main
 
 // -docs FILE: assemble docs/benchmarks.md from the tables the runs wrote to
-// the results directory. It runs no benchmark: a page of figures that is
-// written by hand drifts from the runs (the README once gave three
-// different allocation counts for one benchmark), so the page is only ever
-// the concatenation of what the program measured, each table under the
-// command that produced it and the date it was measured.
+// the results directory. It runs no benchmark: a page of figures written by
+// hand drifts from the runs (one benchmark ends up with several counts), so
+// the page is only ever the concatenation of what was measured, each table
+// under the command that produced it and the date it was measured.
 
 import (
 	"errors"
