@@ -1,7 +1,7 @@
 package keyordertest_test
 
-// TestLedgerKeepsOrder is the README's "Testing your own pipeline" example,
-// verbatim: keep the two in step.
+// TestLedgerKeepsOrder is the example of docs/testing.md ("Testing your own pipeline"),
+// verbatim: TestDocsExampleIsReadmeTest keeps the two in step.
 
 import (
 	"context"

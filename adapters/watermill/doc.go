@@ -20,6 +20,12 @@
 // Watermill is imported only by this package, so keyorder users who do not
 // run Watermill do not link it.
 //
+// docs/watermill.md in the repository
+// (https://github.com/keyorder/keyorder/blob/main/docs/watermill.md) shows
+// both mounts with a router, how to stack Middleware with Watermill's
+// Retry, Recoverer and PoisonQueue, and which of Watermill's universal
+// tests each backend passes.
+//
 // # URLs
 //
 // A URL template is a keyorder URL in which {topic} stands for the

@@ -38,15 +38,20 @@ type MiddlewareConfig struct {
 
 // Middleware gives a Watermill router fed by ANY subscriber per-key mutual
 // exclusion in arrival order, on keyorder's lanes. Add it to the router (or
-// a handler) with AddMiddleware(m.Middleware); see the package README for
-// how to stack it with Watermill's Retry, Recoverer and PoisonQueue.
+// a handler) with AddMiddleware(m.Middleware); docs/watermill.md in the
+// repository shows how to stack it with Watermill's Retry, Recoverer and
+// PoisonQueue.
 //
 // Arrival order is the order in which the router's handler goroutines enter
 // the middleware. A router hands each message to its own goroutine, so two
 // messages that a subscriber emits back to back, concurrently, enter in the
-// order the scheduler runs them; messages of a key that a subscriber emits
-// only after the previous one is acked (Kafka partitions, gochannel, keyorder)
-// keep their order exactly.
+// order the scheduler runs them. Messages of a key that a subscriber emits
+// in publish order, each only after the previous one is acked (Kafka
+// partitions, keyorder's Subscriber), keep their order exactly. gochannel
+// does not keep a key's order: it emits one message at a time, but hands
+// each published message to a goroutine of its own, so back-to-back
+// publishes reach the router in the order those goroutines run, unless its
+// Config.BlockPublishUntilSubscriberAck is set.
 //
 // A message whose key is free, while fewer than Workers handlers run, runs
 // in the router's own handler goroutine (lanes.Pool.SubmitOrRun); one that

@@ -31,7 +31,7 @@ type suiteBackend struct {
 	// urls returns the publisher and subscriber URL templates, given the
 	// server's setting from testenv.Require.
 	urls func(setting string) (pub, sub string)
-	// features are declared honestly: see the README's Watermill section
+	// features are declared honestly: see docs/watermill.md
 	// for each flag and every test a backend skips, with the reason.
 	features tests.Features
 	// stress runs TestPubSubStressTest too.

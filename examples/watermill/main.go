@@ -138,7 +138,7 @@ func run() error {
 		return err
 	}
 
-	// The keyorder middleware, stacked as the README says: PoisonQueue
+	// The keyorder middleware, stacked as docs/watermill.md says: PoisonQueue
 	// outermost, then keyorder, then Retry (none here) and Recoverer.
 	km, err := wmk.NewMiddleware(policy.Ordered, &wmk.MiddlewareConfig{
 		Retry: policy.Retry{MaxAttempts: 3, MinBackoff: 300 * time.Millisecond},

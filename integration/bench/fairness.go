@@ -508,6 +508,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 func fairMarkdown(o fairOptions, res []fairResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "### Fairness: 10 tenants, one publishing 100x each of the others (%s, Ordered)\n\n", o.backend)
+	fmt.Fprintf(&b, "%s UTC. ", time.Now().UTC().Format("2006-01-02 15:04"))
 	fmt.Fprintf(&b, "%d workers, MaxOutstanding %d, handler %v; latency run: %d messages per small tenant, %d for the big one in %d bursts, offered at 90%% of capacity; throughput run: %d messages up front, no-op handler. Median of %d run(s).\n\n",
 		o.workers, o.window, o.work, o.perSmall, o.perSmall*fairBigX, o.bursts, o.tpN, max(o.rounds, 1))
 	b.WriteString("| scheduling | small tenants p50 | p99 | max | big tenant p50 | p99 | latency run msgs/s | no-op msgs/s | no-op CPU/msg |\n|---|---|---|---|---|---|---|---|---|\n")

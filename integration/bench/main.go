@@ -41,6 +41,10 @@
 // watermill-sql, key counts, backlog, idle latency, retention); -backend
 // pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100).
 //
+// Documentation: -docs docs/benchmarks.md writes the benchmarks page from
+// the tables in -results (default integration/bench/results), each under
+// the command that produced it and its date; it runs no benchmark.
+//
 // Diagnostics: -rpcs prints, after each backlog publish, the publish
 // requests the broker received and their sizes (pubsub: a gRPC
 // interceptor; pulsar: the client's metrics); -publish-only skips the
@@ -95,11 +99,13 @@ var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar"}
 
 func main() {
 	var (
-		o     options
-		which string
-		keys  string
-		only  string
-		c     config
+		o      options
+		which  string
+		keys   string
+		only   string
+		c      config
+		docs   string
+		resDir string
 	)
 	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
@@ -110,6 +116,8 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "directory for <backend>.md and <backend>.png (empty: stdout only)")
 	flag.StringVar(&only, "only", "", "comma-separated substrings of the systems to run (e.g. raw,PublishBatch); pgsuite: river,watermill,keyorder,keys,backlog,latency,retention")
 	flag.BoolVar(&o.quick, "quick", false, "short mode: 2,000 messages, 200 keys")
+	flag.StringVar(&docs, "docs", "", "write this file (docs/benchmarks.md) from the tables in -results and exit; runs no benchmark")
+	flag.StringVar(&resDir, "results", "integration/bench/results", "-docs: the directory of the results tables")
 	// The PostgreSQL suite's own settings.
 	flag.StringVar(&c.url, "url", os.Getenv("KEYORDER_PG_URL"), "pgsuite: PostgreSQL URL (default $KEYORDER_PG_URL)")
 	flag.IntVar(&c.batch, "batch", 1000, "pgsuite: publish batch size")
@@ -128,6 +136,12 @@ func main() {
 	flag.StringVar(&fo.backend, "fair-backend", "memory", "fairness: memory, or postgres (under testenv)")
 	flag.StringVar(&fo.only, "fair-only", "", "fairness: run only \"arrival\" or \"fair\" (to profile one)")
 	flag.Parse()
+	if docs != "" {
+		if err := writeDocs(docs, resDir); err != nil {
+			log.Fatalf("bench: -docs: %v", err)
+		}
+		return
+	}
 	ctx := context.Background()
 	if which == "pgcompact" {
 		c.size = o.size

@@ -1,6 +1,6 @@
 // The compaction benchmark (-backend pgcompact): 1,000 keys each updated
 // 100 times on an Exclusive PostgreSQL subscription, with compaction off
-// and on (issue 13). Two workloads:
+// and on. Two workloads:
 //
 //   - backlog: every update is published first, then the consumers start;
 //   - live: the consumers run while the updates are published (each key's
@@ -72,7 +72,8 @@ func pgCompact(ctx context.Context, c config, out string) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	var b strings.Builder
-	fmt.Fprintf(&b, "# PostgreSQL compaction (issue 13)\n\n")
+	fmt.Fprintf(&b, "# PostgreSQL compaction\n\n")
+	fmt.Fprintf(&b, "%s UTC. ", time.Now().UTC().Format("2006-01-02 15:04"))
 	fmt.Fprintf(&b, "%d keys × %d updates each (%d messages of %d bytes), Exclusive subscription, %d consumers "+
 		"(each its own Subscription, Receive of up to %d), publish batches of %d. PostgreSQL %s, %d CPUs, "+
 		"load average at the end %s. `go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgcompact -out integration/bench/results`\n\n",

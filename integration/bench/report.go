@@ -40,7 +40,7 @@ func ratio(a, b float64, ok bool) string {
 
 func rate(v float64) string {
 	s := fmt.Sprintf("%.0f", v)
-	// Thousands separators for the README.
+	// Thousands separators for the tables.
 	var b strings.Builder
 	for i, c := range s {
 		if i > 0 && (len(s)-i)%3 == 0 {

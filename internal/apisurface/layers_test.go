@@ -34,6 +34,7 @@ var layers = map[string]int{
 	"internal/opentest":   6,
 	"internal/urlfuzz":    6,
 	"internal/apisurface": 7,
+	"internal/doclinks":   7, // a test of the Markdown links; imports nothing of ours
 	"integration/testenv": 7, // the servers' launcher: imports nothing of ours
 	"integration/cmd":     8,
 	"integration/bench":   8,
