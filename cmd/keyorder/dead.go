@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -86,8 +85,8 @@ func (c *cli) emitJSON(v any) error {
 }
 
 func (c *cli) deadList(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dead list", flag.ContinueOnError)
-	limit := fs.Int("limit", 100, "most dead letters to list (0: all)")
+	fs := c.flags("dead list")
+	limit := fs.Int("limit", 100, "list at most `N` dead letters (0: all)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -96,6 +95,8 @@ func (c *cli) deadList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	st, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err
@@ -144,9 +145,9 @@ func (l *idList) Set(v string) error {
 }
 
 func (c *cli) deadShow(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dead show", flag.ContinueOnError)
+	fs := c.flags("dead show")
 	var ids idList
-	fs.Var(&ids, "id", "message ID to show (repeatable)")
+	fs.Var(&ids, "id", "show the dead letter with this message `ID` (repeatable, or comma-separated)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -155,6 +156,8 @@ func (c *cli) deadShow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	if len(ids) == 0 {
 		return usagef("dead show: --id is required")
 	}
@@ -206,10 +209,10 @@ func (c *cli) deadShow(ctx context.Context, args []string) error {
 const redriveBatch = 100
 
 func (c *cli) deadRedrive(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dead redrive", flag.ContinueOnError)
+	fs := c.flags("dead redrive")
 	var ids idList
-	fs.Var(&ids, "id", "message ID to redrive (repeatable, or comma-separated)")
-	all := fs.Bool("all", false, "redrive every dead letter (asks for confirmation)")
+	fs.Var(&ids, "id", "redrive the dead letter with this message `ID` (repeatable, or comma-separated)")
+	all := fs.Bool("all", false, "redrive every dead letter (asks for confirmation; --timeout counts the wait)")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	pos, err := c.parse(fs, args)
 	if err != nil {
@@ -219,6 +222,8 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	if *all == (len(ids) > 0) {
 		return usagef("dead redrive: give --id ID (repeatable) or --all")
 	}
@@ -241,7 +246,10 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 		}
 		if !*yes {
 			c.eprintf("redrive all %d dead letters of %s? They go back after everything published meanwhile. [y/N] ", len(ids), c.redact(raw))
-			line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+			line, err := c.readLine(ctx)
+			if err != nil {
+				return err
+			}
 			if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
 				return errDeclined
 			}
@@ -269,6 +277,24 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 		return fmt.Errorf("%d of %d IDs were not dead letters of this subscription: %w", len(ids)-done, len(ids), keyorder.ErrNotFound)
 	}
 	return nil
+}
+
+// readLine reads the answer to a prompt from stdin, unless ctx (the
+// --timeout, an interrupt) ends first. An unanswered read is left behind:
+// the process is about to exit.
+func (c *cli) readLine(ctx context.Context) (string, error) {
+	ch := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+		ch <- line
+	}()
+	select {
+	case line := <-ch:
+		return line, nil
+	case <-ctx.Done():
+		c.eprintf("\n")
+		return "", fmt.Errorf("confirmation: %w", context.Cause(ctx))
+	}
 }
 
 func (c *cli) redriveResult(done, asked int) error {

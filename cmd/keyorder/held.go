@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -20,8 +19,8 @@ type heldJSON struct {
 }
 
 func (c *cli) held(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("held", flag.ContinueOnError)
-	limit := fs.Int("limit", 100, "most keys to list (0: all)")
+	fs := c.flags("held")
+	limit := fs.Int("limit", 100, "list at most `N` keys (0: all)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -30,6 +29,8 @@ func (c *cli) held(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	sub, err := c.openSub(ctx, raw)
 	if err != nil {
 		return err

@@ -8,23 +8,33 @@
 //	keyorder dead show  URL --id 0199...
 //	keyorder dead redrive URL --id 0199... [--id ...]
 //	keyorder dead redrive URL --all [--yes]
-//	keyorder stats URL
+//	keyorder stats URL [--json]
 //	keyorder held URL                   (PostgreSQL)
 //	keyorder publish URL --key acct-42 [--header k=v]... [--id ID] < payload
 //	keyorder tail URL [--count N] [--for 30s]
+//	keyorder version
 //
 // URL is a subscription URL (a topic URL for publish), exactly as
 // subscribe.Open and publish.Open take it; the binary registers the
-// memory, PostgreSQL, Pub/Sub and SQS schemes. Output is a table by default
-// and JSON with --json. Secrets in the URL (a password, and query
-// parameters such as password, secret or token) are redacted in every line
-// the command prints, errors included.
+// PostgreSQL, Pub/Sub, SQS and Pulsar schemes. It refuses mem:// URLs: the
+// in-memory broker lives inside one process, and this command, a process of
+// its own, would always find it empty. Output is a table by default and
+// JSON with --json. Secrets in the URL (a password, and query parameters
+// such as password, secret or token) are redacted in every line the command
+// prints, errors included.
+//
+// Every command takes -h or --help (its usage and flags, on standard
+// output) and --timeout, which bounds the whole command, the broker calls and
+// a confirmation prompt included (default 30s; 0 for none; tail has no
+// timeout unless given one). --timeout may also come before the command:
+// keyorder --timeout 2m dead redrive URL --all.
 //
 // # Exit codes
 //
 //	0  done
-//	1  the operation failed (the broker returned an error)
-//	2  usage error (unknown command or flag, missing argument)
+//	1  the operation failed (the broker returned an error, or --timeout passed)
+//	2  usage error (unknown command or flag, missing or malformed argument,
+//	   a mem:// URL)
 //	3  the backend cannot do it (keyorder.ErrUnsupported)
 //	4  not found (a subscription, topic or dead letter)
 //	5  not confirmed (a redrive of everything was declined)
@@ -36,14 +46,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/keyorder/keyorder"
-	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
@@ -61,6 +72,10 @@ const (
 	exitDeclined    = 5
 )
 
+// defaultTimeout bounds a command unless --timeout says otherwise. tail
+// runs until its --count, its --for or an interrupt instead.
+const defaultTimeout = 30 * time.Second
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -68,17 +83,60 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage:
-  keyorder dead list URL [--limit N] [--json]
-  keyorder dead show URL --id ID [--json]
-  keyorder dead redrive URL (--id ID ... | --all [--yes]) [--json]
-  keyorder stats URL [--json]
-  keyorder held URL [--limit N] [--json]
-  keyorder publish URL --key KEY [--header k=v]... [--id ID] [--json] < payload
-  keyorder tail URL [--count N] [--for DURATION] [--json]
-URL is a subscription URL (a topic URL for publish). Exit codes: 0 done,
-1 failed, 2 usage, 3 unsupported by the backend, 4 not found, 5 declined.
-`
+// command describes a command for its --help.
+type command struct {
+	name     string // as typed: "dead list"
+	synopsis string // the arguments after the name
+	short    string // what it does, a few words
+	about    string // what it does, a few lines
+}
+
+// commands lists the commands in the order the top-level usage shows them.
+var commands = []command{
+	{"dead list", "URL [--limit N] [--json]", "list dead letters",
+		"List the subscription's dead letters: ID, key, attempts, when, why, payload."},
+	{"dead show", "URL --id ID [--id ID]... [--json]", "print dead letters in full",
+		"Print dead letters in full: headers, reason and payload. Exit 4 when an ID\nis not a dead letter of the subscription."},
+	{"dead redrive", "URL (--id ID [--id ID]... | --all [--yes]) [--json]", "return dead letters to the subscription",
+		"Return dead letters to the subscription; they are delivered again after\neverything published meanwhile. --all asks for confirmation unless --yes."},
+	{"stats", "URL [--json]", "print a subscription's settings and counts",
+		"Print the subscription's settings and the counts its backend reports:\npending, dead letters, keys, held keys, superseded. --json prints the same\nobject on every backend; a count the backend cannot report is null."},
+	{"held", "URL [--limit N] [--json]", "list held keys (PostgreSQL)",
+		"List the keys the backend holds (in flight, or waiting on a retry or a\npublish delay). PostgreSQL only; other backends exit 3."},
+	{"publish", "URL --key KEY [--header k=v]... [--id ID] [--delay D] [--json] < payload", "publish standard input as one message",
+		"Publish standard input as one message to the topic URL."},
+	{"tail", "URL [--count N] [--for DURATION] [--json]", "print and acknowledge a subscription's messages",
+		"Consume the subscription and print each message, acknowledging it. Runs\nuntil --count messages, --for, --timeout or an interrupt; no timeout by default."},
+	{"version", "[--json]", "print the version",
+		"Print the version of keyorder (the module version, \"(devel)\" when built\nfrom a checkout without one) and of Go it was built with."},
+}
+
+func lookup(name string) (command, bool) {
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return command{}, false
+	}
+	return commands[i], true
+}
+
+// topUsage is what keyorder --help prints.
+func topUsage() string {
+	var b strings.Builder
+	b.WriteString("keyorder operates keyorder subscriptions and topics from a shell.\n\nusage: keyorder [--timeout D] COMMAND URL [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-13s %s\n", c.name, c.short)
+	}
+	b.WriteString(`
+flags:
+  --timeout D   bound the whole command (default 30s; 0: none; tail: none)
+  -h, --help    this text; keyorder COMMAND --help shows a command's flags
+
+URL is a subscription URL (a topic URL for publish): postgres://, pubsub://,
+sqs:// or pulsar://. Exit codes: 0 done, 1 failed, 2 usage, 3 unsupported
+by the backend, 4 not found, 5 declined.
+`)
+	return b.String()
+}
 
 // cli is one invocation: its streams and the secrets to keep out of them.
 type cli struct {
@@ -86,6 +144,18 @@ type cli struct {
 	stdout, stderr io.Writer
 	json           bool
 	secrets        []string // raw strings replaced in everything printed
+
+	// timeout bounds the command (0: none); timeoutSet records that the
+	// operator gave it before the command.
+	timeout    time.Duration
+	timeoutSet bool
+	// allowMem accepts mem:// URLs. Only tests set it: they run the CLI in
+	// the process that holds the in-memory broker.
+	allowMem bool
+	// cmd is the command being run ("" before one is known), for hints.
+	cmd string
+	// cmdCtx is the command's context once bound by --timeout.
+	cmdCtx context.Context
 }
 
 // usageError is a command-line mistake (exit 2).
@@ -100,16 +170,40 @@ func usagef(format string, args ...any) error {
 // errDeclined: the operator declined a confirmation (exit 5).
 var errDeclined = errors.New("not confirmed; nothing done")
 
+// errHelp: a --help was printed (exit 0).
+var errHelp = errors.New("help printed")
+
+// errMemURL refuses a mem:// URL.
+var errMemURL = usagef("mem:// URLs name an in-memory broker that lives inside one process: " +
+	"this command runs in a process of its own and would always find it empty. " +
+	"Give a postgres://, pubsub://, sqs:// or pulsar:// URL")
+
+// timeoutError is the cause of a command context's deadline.
+type timeoutError struct{ d time.Duration }
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("timed out after %s (--timeout; 0 for none)", e.d)
+}
+
+// run runs one invocation and returns its exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	return c.run(ctx, args)
+}
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	c.timeout = defaultTimeout
 	err := c.dispatch(ctx, args)
-	if err == nil {
+	if err == nil || errors.Is(err, errHelp) {
 		return exitOK
+	}
+	if c.cmdCtx != nil {
+		err = timedOut(c.cmdCtx, err)
 	}
 	code := exitFailure
 	var ue *usageError
 	switch {
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.Is(err, keyorder.ErrBadURL), errors.Is(err, keyorder.ErrUnknownScheme):
 		code = exitUsage
 	case errors.Is(err, errDeclined):
 		code = exitDeclined
@@ -118,19 +212,45 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case errors.Is(err, keyorder.ErrNotFound):
 		code = exitNotFound
 	}
-	fmt.Fprintln(c.stderr, "keyorder: "+c.clean(err.Error()))
+	fmt.Fprintln(c.stderr, "keyorder: "+c.message(err))
 	if code == exitUsage {
-		fmt.Fprint(c.stderr, usage)
+		if c.cmd != "" {
+			fmt.Fprintf(c.stderr, "Run 'keyorder %s --help' for its usage.\n", c.cmd)
+		} else {
+			fmt.Fprintln(c.stderr, "Run 'keyorder --help' for the commands.")
+		}
 	}
 	return code
 }
 
+// message is err as printed after "keyorder: ": redacted, without the
+// "keyorder: " the library's errors start with (the prefix is printed
+// once, not once per wrapping layer).
+func (c *cli) message(err error) string {
+	m := c.clean(err.Error())
+	m = strings.TrimPrefix(m, "keyorder: ")
+	return strings.ReplaceAll(m, ": keyorder: ", ": ")
+}
+
 func (c *cli) dispatch(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("keyorder", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(c.stdout, topUsage())
+			return errHelp
+		}
+		return usagef("%v", err)
+	}
+	fs.Visit(func(f *flag.Flag) { c.timeoutSet = c.timeoutSet || f.Name == "timeout" })
+	args = fs.Args()
 	if len(args) == 0 {
 		return usagef("no command")
 	}
 	switch args[0] {
 	case "dead":
+		c.cmd = "dead"
 		if len(args) < 2 {
 			return usagef("dead: want list, show or redrive")
 		}
@@ -141,6 +261,9 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 			return c.deadShow(ctx, args[2:])
 		case "redrive":
 			return c.deadRedrive(ctx, args[2:])
+		case "-h", "-help", "--help", "help":
+			c.printHelp("dead list", "dead show", "dead redrive")
+			return errHelp
 		}
 		return usagef("dead: unknown subcommand %q (want list, show or redrive)", args[1])
 	case "stats":
@@ -151,22 +274,61 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.publish(ctx, args[1:])
 	case "tail":
 		return c.tail(ctx, args[1:])
-	case "help", "-h", "--help":
-		fmt.Fprint(c.stdout, usage)
-		return nil
+	case "version":
+		return c.version(args[1:])
+	case "help":
+		// keyorder help [COMMAND...]
+		if len(args) == 1 {
+			fmt.Fprint(c.stdout, topUsage())
+			return errHelp
+		}
+		return c.dispatch(ctx, append(args[1:], "--help"))
 	}
 	return usagef("unknown command %q", args[0])
 }
 
-// parse parses flags and positional arguments in any order (flags may
-// follow the URL) and returns the positional ones. --json is added to every
-// flag set.
-func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+// printHelp prints the named commands' usage, without their flags (keyorder
+// dead --help).
+func (c *cli) printHelp(names ...string) {
+	for i, n := range names {
+		cmd, _ := lookup(n)
+		if i > 0 {
+			fmt.Fprintln(c.stdout)
+		}
+		fmt.Fprintf(c.stdout, "usage: keyorder %s %s\n\n%s\n", cmd.name, cmd.synopsis, cmd.about)
+	}
+	fmt.Fprintf(c.stdout, "\nRun 'keyorder %s --help' for a command's flags.\n", names[0])
+}
+
+// flags returns the flag set of a command, with the flags every command
+// takes: --json and (but version) --timeout.
+func (c *cli) flags(name string) *flag.FlagSet {
+	c.cmd = name
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.json, "json", false, "print JSON")
+	if name == "version" {
+		return fs
+	}
+	def, what := c.timeout, "fail when the command takes longer than `D` (0: none)"
+	if name == "tail" && !c.timeoutSet {
+		def, what = 0, "fail when the tail takes longer than `D` (0: none; --for ends a tail without failing)"
+	}
+	fs.DurationVar(&c.timeout, "timeout", def, what)
+	return fs
+}
+
+// parse parses flags and positional arguments in any order (flags may
+// follow the URL) and returns the positional ones. On -h or --help it
+// prints the command's usage and flags to stdout and returns errHelp.
+func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				c.printFlags(fs)
+				return nil, errHelp
+			}
 			return nil, usagef("%s: %v", fs.Name(), err)
 		}
 		if fs.NArg() == 0 {
@@ -177,13 +339,59 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// printFlags prints a command's usage and its flags with their
+// descriptions.
+func (c *cli) printFlags(fs *flag.FlagSet) {
+	cmd, _ := lookup(fs.Name())
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: keyorder %s %s\n\n%s\n\nflags:\n", cmd.name, cmd.synopsis, cmd.about)
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, what := flag.UnquoteUsage(f)
+		name := "--" + f.Name
+		if typ != "" {
+			name += " " + typ
+		}
+		if !slices.Contains([]string{"", "0", "0s", "false", "map[]"}, f.DefValue) {
+			what += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(&b, "  %-20s %s\n", name, what)
+	})
+	fmt.Fprintf(&b, "  %-20s %s\n", "-h, --help", "print this help")
+	fmt.Fprint(c.stdout, b.String())
+}
+
+// bound returns ctx bounded by --timeout, for a command to run in once its
+// arguments are parsed. After the command fails, run says when the
+// timeout caused it (see timedOut).
+func (c *cli) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	var cancel context.CancelFunc
+	c.cmdCtx, cancel = context.WithTimeoutCause(ctx, c.timeout, &timeoutError{c.timeout})
+	return c.cmdCtx, cancel
+}
+
+// timedOut returns err, marked as the --timeout's doing when ctx's
+// deadline passed.
+func timedOut(ctx context.Context, err error) error {
+	var te *timeoutError
+	if err == nil || !errors.As(context.Cause(ctx), &te) || errors.As(err, &te) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", te, err)
+}
+
 // oneURL parses the single positional argument, a URL, and registers its
-// secrets for redaction.
+// secrets for redaction. It refuses mem:// URLs.
 func (c *cli) oneURL(name string, pos []string) (string, error) {
 	if len(pos) != 1 {
 		return "", usagef("%s: want exactly one URL argument, got %d", name, len(pos))
 	}
 	c.addSecrets(pos[0])
+	if u, err := url.Parse(pos[0]); err == nil && strings.EqualFold(u.Scheme, "mem") && !c.allowMem {
+		return "", errMemURL
+	}
 	return pos[0], nil
 }
 

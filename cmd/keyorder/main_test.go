@@ -6,41 +6,330 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/keyorder/keyorder"
+	_ "github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/integration/testenv"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// cmd runs the CLI in process.
+// cmd runs the CLI in process. It accepts mem:// URLs: the in-memory
+// broker lives in the test's process, which the CLI shares here.
 func cmd(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	code = run(ctx, args, strings.NewReader(stdin), &out, &errb)
+	c := &cli{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errb, allowMem: true}
+	code = c.run(ctx, args)
 	return code, out.String(), errb.String()
 }
 
+// cmdAsShipped runs the CLI in process as the binary does (mem:// refused).
+func cmdAsShipped(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code = run(ctx, args, strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// Usage errors exit 2 with the error and a one-line hint on stderr, and
+// nothing on stdout.
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{
-		nil, {"nope"}, {"dead"}, {"dead", "purge", "mem://t?subscription=s"},
-		{"dead", "list"}, {"dead", "list", "a", "b"},
-		{"dead", "redrive", "mem://t?subscription=s"},
-		{"dead", "redrive", "mem://t?subscription=s", "--all", "--id", "x"},
-		{"dead", "show", "mem://t?subscription=s"},
-		{"stats", "--bogus", "mem://t?subscription=s"},
+	for _, tc := range []struct {
+		args []string
+		hint string
+	}{
+		{nil, "keyorder --help"},
+		{[]string{"nope"}, "keyorder --help"},
+		{[]string{"--bogus", "stats"}, "keyorder --help"},
+		{[]string{"--timeout", "soon", "stats"}, "keyorder --help"},
+		{[]string{"dead"}, "keyorder dead --help"},
+		{[]string{"dead", "purge", "mem://t?subscription=s"}, "keyorder dead --help"},
+		{[]string{"dead", "list"}, "keyorder dead list --help"},
+		{[]string{"dead", "list", "a", "b"}, "keyorder dead list --help"},
+		{[]string{"dead", "redrive", "mem://t?subscription=s"}, "keyorder dead redrive --help"},
+		{[]string{"dead", "redrive", "mem://t?subscription=s", "--all", "--id", "x"}, "keyorder dead redrive --help"},
+		{[]string{"dead", "show", "mem://t?subscription=s"}, "keyorder dead show --help"},
+		{[]string{"stats", "--bogus", "mem://t?subscription=s"}, "keyorder stats --help"},
+		{[]string{"stats", "mem://t?subscription=s", "--timeout", "x"}, "keyorder stats --help"},
+		{[]string{"held"}, "keyorder held --help"},
+		{[]string{"publish", "--key"}, "keyorder publish --help"},
+		{[]string{"publish", "mem://t", "--header", "nokv"}, "keyorder publish --help"},
+		{[]string{"tail", "--count", "many", "mem://t?subscription=s"}, "keyorder tail --help"},
+		{[]string{"version", "extra"}, "keyorder version --help"},
+		{[]string{"stats", "mem://t?subscription=s&max_batch=x"}, "keyorder stats --help"},
+		{[]string{"stats", "nosuchscheme://t?subscription=s"}, "keyorder stats --help"},
 	} {
-		code, _, stderr := cmd(t, "", args...)
-		if code != exitUsage || !strings.Contains(stderr, "usage:") {
-			t.Errorf("%q: exit %d, stderr %q; want exit %d with the usage", args, code, stderr, exitUsage)
+		code, stdout, stderr := cmd(t, "", tc.args...)
+		lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+		if code != exitUsage || stdout != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "keyorder: ") ||
+			lines[1] != "Run '"+tc.hint+"' for "+map[bool]string{true: "the commands.", false: "its usage."}[tc.hint == "keyorder --help"] {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, an error line and the hint %q", tc.args, code, stdout, stderr, exitUsage, tc.hint)
 		}
+	}
+}
+
+// Every command's -h and --help print its usage with each of its flags and
+// their descriptions to stdout, and exit 0; so do keyorder --help, -h and
+// help, which list the commands.
+func TestHelp(t *testing.T) {
+	flags := map[string][]string{
+		"dead list":    {"--limit N", "--json", "--timeout D"},
+		"dead show":    {"--id ID", "--json", "--timeout D"},
+		"dead redrive": {"--id ID", "--all", "--yes", "--json", "--timeout D"},
+		"stats":        {"--json", "--timeout D"},
+		"held":         {"--limit N", "--json", "--timeout D"},
+		"publish":      {"--key KEY", "--id ID", "--delay D", "--header k=v", "--json", "--timeout D"},
+		"tail":         {"--count N", "--for DURATION", "--json", "--timeout D"},
+		"version":      {"--json"},
+	}
+	if len(flags) != len(commands) {
+		t.Fatalf("%d commands, %d checked", len(commands), len(flags))
+	}
+	for name, want := range flags {
+		for _, args := range [][]string{
+			append(strings.Fields(name), "--help"),
+			append(strings.Fields(name), "-h"),
+			append(strings.Fields(name), "mem://t?subscription=s", "--json", "--help"),
+			append([]string{"help"}, strings.Fields(name)...),
+		} {
+			code, stdout, stderr := cmd(t, "", args...)
+			if code != exitOK || stderr != "" || !strings.HasPrefix(stdout, "usage: keyorder "+name+" ") || !strings.Contains(stdout, "-h, --help") {
+				t.Errorf("%q: exit %d, stderr %q, stdout:\n%s", args, code, stderr, stdout)
+				continue
+			}
+			for _, f := range want {
+				// Each flag on a line of its own, with a description.
+				i := strings.Index(stdout, "\n  "+f+" ")
+				if i < 0 {
+					t.Errorf("%q: no line for %s:\n%s", args, f, stdout)
+					continue
+				}
+				line, _, _ := strings.Cut(stdout[i+3:], "\n")
+				if len(strings.Fields(strings.TrimPrefix(line, f))) < 2 {
+					t.Errorf("%q: %s has no description: %q", args, f, line)
+				}
+			}
+			if name == "version" && strings.Contains(stdout, "--timeout") {
+				t.Errorf("version offers --timeout:\n%s", stdout)
+			}
+		}
+	}
+	// The default timeout shows in the help, except for tail, which has none.
+	if _, stdout, _ := cmd(t, "", "stats", "--help"); !strings.Contains(stdout, "(default 30s)") {
+		t.Errorf("stats --help does not give the default timeout:\n%s", stdout)
+	}
+	if _, stdout, _ := cmd(t, "", "tail", "--help"); strings.Contains(stdout, "(default 30s)") {
+		t.Errorf("tail --help gives a default timeout:\n%s", stdout)
+	}
+	if _, stdout, _ := cmd(t, "", "--timeout", "5m", "stats", "--help"); !strings.Contains(stdout, "(default 5m0s)") {
+		t.Errorf("keyorder --timeout 5m stats --help does not give 5m as the default:\n%s", stdout)
+	}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"--timeout", "1s", "--help"}} {
+		code, stdout, stderr := cmd(t, "", args...)
+		if code != exitOK || stderr != "" || !strings.Contains(stdout, "usage: keyorder [--timeout D] COMMAND") || !strings.Contains(stdout, "--timeout D") {
+			t.Errorf("%q: exit %d, stderr %q, stdout:\n%s", args, code, stderr, stdout)
+		}
+		for _, c := range commands {
+			if !strings.Contains(stdout, "\n  "+c.name+" ") {
+				t.Errorf("%q does not list %s:\n%s", args, c.name, stdout)
+			}
+		}
+	}
+	code, stdout, stderr := cmd(t, "", "dead", "--help")
+	if code != exitOK || stderr != "" || !strings.Contains(stdout, "usage: keyorder dead list") ||
+		!strings.Contains(stdout, "usage: keyorder dead show") || !strings.Contains(stdout, "usage: keyorder dead redrive") {
+		t.Errorf("dead --help: exit %d, stderr %q, stdout:\n%s", code, stderr, stdout)
+	}
+}
+
+// version prints the module version and the Go release.
+func TestVersion(t *testing.T) {
+	code, stdout, stderr := cmd(t, "", "version")
+	if code != exitOK || stderr != "" || !strings.HasPrefix(stdout, "keyorder ") || !strings.Contains(stdout, "\ngo       "+runtime.Version()+"\n") {
+		t.Errorf("version: exit %d, stderr %q, stdout:\n%s", code, stderr, stdout)
+	}
+	code, stdout, _ = cmd(t, "", "version", "--json")
+	var v versionJSON
+	if code != exitOK || json.Unmarshal([]byte(stdout), &v) != nil || v.Version == "" || v.Go != runtime.Version() {
+		t.Errorf("version --json: exit %d\n%s", code, stdout)
+	}
+}
+
+// mem:// URLs are refused with exit 2: another process never sees the
+// in-memory broker's contents. The URL's secrets stay out of the message.
+func TestMemRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"stats", "mem://t?subscription=s&token=t0psecret"},
+		{"dead", "list", "MEM://t?subscription=s"},
+		{"dead", "show", "mem://t?subscription=s", "--id", "x"},
+		{"dead", "redrive", "mem://t?subscription=s", "--all", "--yes"},
+		{"held", "mem://t?subscription=s"},
+		{"publish", "mem://t", "--key", "k"},
+		{"tail", "mem://t?subscription=s", "--for", "1s"},
+	} {
+		code, stdout, stderr := cmdAsShipped(t, args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, "in-memory broker") || !strings.Contains(stderr, "always find it empty") ||
+			strings.Contains(stderr, "t0psecret") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and the refusal", args, code, stdout, stderr)
+		}
+	}
+}
+
+// Errors print with one "keyorder: " prefix, though the library's errors
+// start with one and are wrapped.
+func TestErrorPrefixOnce(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"stats", "sqs://q.fifo?lease=x"}, exitUsage},
+		{[]string{"stats", "mem://t?subscription=s&max_batch=x"}, exitUsage},
+		{[]string{"stats", "postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1"}, exitFailure},
+		{[]string{"dead", "redrive", "postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1", "--id", "x"}, exitFailure},
+	} {
+		code, _, stderr := cmd(t, "", tc.args...)
+		if code != tc.code || !strings.HasPrefix(stderr, "keyorder: ") || strings.Count(stderr, "keyorder:") != 1 {
+			t.Errorf("%q: exit %d (want %d), stderr %q", tc.args, code, tc.code, stderr)
+		}
+	}
+	c := &cli{}
+	err := fmt.Errorf("count dead letters: %w", fmt.Errorf("keyorder: stats: %w", keyorder.ErrNotFound))
+	if got := c.message(err); got != "count dead letters: stats: not found" {
+		t.Errorf("message: %q", got)
+	}
+}
+
+// --timeout bounds the whole command: a broker that accepts connections
+// and never answers fails the command with exit 1 and says why.
+func TestTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			cn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, cn) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, cn := range conns {
+			cn.Close()
+		}
+	}()
+	silent := "postgres://ops@" + ln.Addr().String() + "/db?topic=t&subscription=s"
+	for _, args := range [][]string{
+		{"stats", silent, "--timeout", "200ms"},
+		{"--timeout", "200ms", "stats", silent},
+		{"--timeout", "1h", "dead", "list", silent, "--timeout=200ms"},
+		{"--timeout", "200ms", "publish", silent, "--key", "k"},
+		{"--timeout", "200ms", "tail", silent},
+	} {
+		code, stdout, stderr := cmd(t, "x", args...)
+		if code != exitFailure || stdout != "" || !strings.Contains(stderr, "timed out after 200ms (--timeout; 0 for none)") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 1 and the timeout", args, code, stdout, stderr)
+		}
+	}
+	// tail: --timeout fails it, --for ends it.
+	n := time.Now().UnixNano()
+	sub := fmt.Sprintf("mem://cli-timeout-%d?subscription=s-%d", n, n)
+	if code, _, stderr := cmd(t, "", "tail", sub, "--timeout", "200ms"); code != exitFailure || !strings.Contains(stderr, "tail: 0 messages: timed out after 200ms") {
+		t.Errorf("tail --timeout: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := cmd(t, "", "tail", sub, "--for", "200ms"); code != exitOK {
+		t.Errorf("tail --for: exit %d, stderr %q", code, stderr)
+	}
+	// 0 means none.
+	c := &cli{timeout: 0}
+	ctx, cancel := c.bound(context.Background())
+	defer cancel()
+	if _, ok := ctx.Deadline(); ok {
+		t.Error("--timeout 0 set a deadline")
+	}
+	c.timeout = time.Minute
+	ctx, cancel = c.bound(context.Background())
+	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > time.Minute {
+		t.Errorf("--timeout 1m: deadline %v, %v", d, ok)
+	}
+}
+
+// The binary itself: exit codes through os.Exit, help on stdout, the
+// version the build recorded (as go version -m reads it), mem:// refused.
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "keyorder")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	runBin := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		c := exec.Command(bin, args...)
+		c.Stdout, c.Stderr = &out, &errb
+		err := c.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return c.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+	if code, stdout, stderr := runBin("--help"); code != 0 || stderr != "" || !strings.Contains(stdout, "commands:") {
+		t.Errorf("--help: exit %d, stderr %q, stdout %q", code, stderr, stdout)
+	}
+	if code, stdout, stderr := runBin("stats", "--help"); code != 0 || stderr != "" || !strings.Contains(stdout, "--timeout D") {
+		t.Errorf("stats --help: exit %d, stderr %q, stdout %q", code, stderr, stdout)
+	}
+	if code, _, stderr := runBin("nope"); code != 2 || !strings.HasSuffix(stderr, "Run 'keyorder --help' for the commands.\n") {
+		t.Errorf("nope: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := runBin("stats", "mem://t?subscription=s"); code != 2 || !strings.Contains(stderr, "in-memory broker") {
+		t.Errorf("mem://: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := runBin("stats", "postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1"); code != 1 || strings.Count(stderr, "keyorder:") != 1 {
+		t.Errorf("unreachable PostgreSQL: exit %d, stderr %q", code, stderr)
+	}
+	m, err := exec.Command("go", "version", "-m", bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var modVersion string
+	for line := range strings.Lines(string(m)) {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "mod" && f[1] == "github.com/keyorder/keyorder/cmd/keyorder" {
+			modVersion = f[2]
+		}
+	}
+	code, stdout, _ := runBin("version")
+	if code != 0 || modVersion == "" || !strings.HasPrefix(stdout, "keyorder "+modVersion+"\n") || !strings.Contains(stdout, "\ngo       go1.") {
+		t.Errorf("version: exit %d, printed\n%s\nwant the module version %q (go version -m)", code, stdout, modVersion)
 	}
 }
 
@@ -146,12 +435,10 @@ func exercise(t *testing.T, topicURL, subURL string) {
 		!strings.Contains(dead[0].Reason, "cannot apply") || dead[0].Attempts != 1 {
 		t.Fatalf("dead letters %+v, want the poison message %s", dead, ids[1])
 	}
-	code, stdout, stderr := cmd(t, "", "stats", subURL, "--json")
-	var st statsJSON
-	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Dead != 1 {
-		t.Errorf("stats --json with one dead letter: exit %d\n%s%s", code, stdout, stderr)
+	if st := statsOf(t, subURL); !is(st.Dead, 1) {
+		t.Errorf("stats --json with one dead letter: dead %v", show(st.Dead))
 	}
-	code, stdout, stderr = cmd(t, "", "dead", "list", subURL)
+	code, stdout, stderr := cmd(t, "", "dead", "list", subURL)
 	if code != exitOK || !strings.Contains(stdout, "ID") || !strings.Contains(stdout, ids[1]) || !strings.Contains(stderr, "1 dead letters") {
 		t.Errorf("dead list (table): exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -179,10 +466,85 @@ func exercise(t *testing.T, topicURL, subURL string) {
 	if code != exitOK || json.Unmarshal([]byte(strings.TrimSpace(stdout)), &got) != nil || got.ID != ids[1] || got.Payload != "poison" {
 		t.Fatalf("tail: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = cmd(t, "", "stats", subURL, "--json")
-	st = statsJSON{}
-	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Dead != 0 || st.Ordering != "ordered" {
-		t.Errorf("stats --json: exit %d\n%s%s", code, stdout, stderr)
+	if st := statsOf(t, subURL); !is(st.Dead, 0) || st.Ordering != "ordered" {
+		t.Errorf("stats --json: dead %v, ordering %q", show(st.Dead), st.Ordering)
+	}
+}
+
+// statsFields are the keys of stats --json, on every backend.
+var statsFields = []string{"url", "backend", "ordering", "native_hold", "lease_duration", "max_batch",
+	"max_attempts", "min_backoff", "max_backoff", "pending", "dead", "keys", "held", "superseded", "unknown"}
+
+// nullable are the fields a backend may leave null, in the order unknown
+// lists them.
+var nullable = []string{"max_attempts", "min_backoff", "max_backoff", "pending", "dead", "keys", "held", "superseded"}
+
+// statsOf runs stats --json and checks its shape: every field present,
+// the null ones exactly those unknown names, the others of their type.
+func statsOf(t *testing.T, subURL string) statsJSON {
+	t.Helper()
+	code, stdout, stderr := cmd(t, "", "stats", subURL, "--json")
+	if code != exitOK {
+		t.Fatalf("stats --json: exit %d\n%s%s", code, stdout, stderr)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, stdout)
+	}
+	var keys []string
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	if slices.Sort(keys); !slices.Equal(keys, slices.Sorted(slices.Values(statsFields))) {
+		t.Errorf("stats --json fields %q, want %q", keys, statsFields)
+	}
+	unknown, ok := raw["unknown"].([]any)
+	if !ok {
+		t.Errorf("stats --json: unknown is %#v, want a list", raw["unknown"])
+	}
+	var nulls []any
+	for _, k := range nullable {
+		if raw[k] == nil {
+			nulls = append(nulls, k)
+		}
+	}
+	if !slices.Equal(nulls, unknown) {
+		t.Errorf("stats --json: null fields %q, unknown %q\n%s", nulls, unknown, stdout)
+	}
+	for _, k := range []string{"url", "backend", "ordering", "lease_duration"} {
+		if s, ok := raw[k].(string); !ok || s == "" {
+			t.Errorf("stats --json: %s is %#v", k, raw[k])
+		}
+	}
+	if n, ok := raw["max_batch"].(float64); !ok || n < 1 {
+		t.Errorf("stats --json: max_batch is %#v", raw["max_batch"])
+	}
+	var st statsJSON
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// is reports whether a count of stats --json is known and n.
+func is(p *int64, n int64) bool { return p != nil && *p == n }
+
+// show prints a count of stats --json.
+func show(p *int64) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
+}
+
+// The in-memory backend (in process) reports dead letters by listing them
+// and nothing else: the rest is null and named in unknown.
+func TestStatsJSONMemory(t *testing.T) {
+	n := time.Now().UnixNano()
+	st := statsOf(t, fmt.Sprintf("mem://cli-stats-%d?subscription=s-%d", n, n))
+	if !is(st.Dead, 0) || st.Held != nil || st.Pending != nil || st.Superseded != nil || st.MaxAttempts != nil || st.Backend != "mem" ||
+		!slices.Equal(st.Unknown, []string{"max_attempts", "min_backoff", "max_backoff", "pending", "keys", "held", "superseded"}) {
+		t.Errorf("stats --json on memory: %+v", st)
 	}
 }
 
@@ -252,10 +614,8 @@ func heldKey(t *testing.T, topicURL, subURL string) {
 	if code != exitOK || !strings.Contains(stdout, "acct-9") || !strings.Contains(stdout, "waiting (retry or publish delay)") {
 		t.Errorf("held: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = cmd(t, "", "stats", subURL, "--json")
-	var st statsJSON
-	if code != exitOK || json.Unmarshal([]byte(stdout), &st) != nil || st.Held != 1 {
-		t.Errorf("stats --json with a held key: exit %d\n%s%s", code, stdout, stderr)
+	if st := statsOf(t, subURL); !is(st.Held, 1) || len(st.Unknown) != 0 {
+		t.Errorf("stats --json with a held key: held %s, unknown %q", show(st.Held), st.Unknown)
 	}
 }
 
@@ -336,4 +696,52 @@ func TestPulsar(t *testing.T) {
 func counts(s *subscribe.Subscriber) subscribe.Stats {
 	st, _ := s.Stats(context.Background())
 	return st
+}
+
+// The confirmation prompt of redrive --all counts towards --timeout: an
+// operator who never answers does not keep the command running.
+func TestRedrivePromptTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := time.Now().UnixNano()
+	topicURL, subURL := fmt.Sprintf("mem://cli-prompt-%d", n), fmt.Sprintf("mem://cli-prompt-%d?subscription=p-%d", n, n)
+	if code, _, stderr := cmd(t, "", "stats", subURL); code != exitOK {
+		t.Fatal(stderr)
+	}
+	if code, _, stderr := cmd(t, "x", "publish", topicURL, "--key", "k"); code != exitOK {
+		t.Fatal(stderr)
+	}
+	sub, err := subscribe.Open(ctx, subURL, &subscribe.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(runCtx, func(ctx context.Context, d *keyorder.Delivery) error {
+			return keyorder.Permanent(errors.New("no"))
+		})
+	}()
+	for counts(sub).DeadLettered < 1 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("not dead-lettered")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	stop()
+	<-done
+	// stdin that never answers.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	var out, errb bytes.Buffer
+	c := &cli{stdin: pr, stdout: &out, stderr: &errb, allowMem: true}
+	code := c.run(ctx, []string{"dead", "redrive", subURL, "--all", "--timeout", "300ms"})
+	if code != exitFailure || !strings.Contains(errb.String(), "redrive all 1 dead letters") ||
+		!strings.Contains(errb.String(), "keyorder: confirmation: timed out after 300ms") {
+		t.Errorf("unanswered prompt: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	if dls, err := sub.DeadLetters(ctx, 0); err != nil || len(dls) != 1 {
+		t.Errorf("after the timed-out prompt: %d dead letters (%v), want 1", len(dls), err)
+	}
 }

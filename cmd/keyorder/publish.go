@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -29,12 +28,12 @@ func (h headerList) Set(v string) error {
 const maxStdin = 64 << 20
 
 func (c *cli) publish(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	key := fs.String("key", "", "ordering key")
-	id := fs.String("id", "", "message ID (default: a new UUID)")
-	delay := fs.Duration("delay", 0, "deliver not before now+delay")
+	fs := c.flags("publish")
+	key := fs.String("key", "", "the message's ordering `KEY`")
+	id := fs.String("id", "", "message `ID` (default: a new UUID)")
+	delay := fs.Duration("delay", 0, "deliver not before now + `D` (a duration: 90s, 5m)")
 	headers := headerList{}
-	fs.Var(headers, "header", "header k=v (repeatable)")
+	fs.Var(headers, "header", "header `k=v` (repeatable)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -43,6 +42,8 @@ func (c *cli) publish(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	payload, err := io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
 	if err != nil {
 		return fmt.Errorf("read payload from standard input: %w", err)

@@ -3,7 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -25,9 +26,9 @@ type tailJSON struct {
 }
 
 func (c *cli) tail(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	count := fs.Int("count", 0, "stop after this many messages (0: until interrupted)")
-	dur := fs.Duration("for", 0, "stop after this long (0: until interrupted)")
+	fs := c.flags("tail")
+	count := fs.Int("count", 0, "stop after `N` messages (0: no limit)")
+	dur := fs.Duration("for", 0, "stop, successfully, after `DURATION` (0: no limit)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -36,6 +37,8 @@ func (c *cli) tail(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	if *dur > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *dur)
@@ -79,6 +82,12 @@ func (c *cli) tail(ctx context.Context, args []string) error {
 	})
 	if runErr != nil {
 		return runErr
+	}
+	// Run returns nil when its context ends: --for ends a tail, --timeout
+	// fails it (unless the count was reached first).
+	var te *timeoutError
+	if errors.As(context.Cause(ctx), &te) && (*count == 0 || n.Load() < int64(*count)) {
+		return fmt.Errorf("tail: %d messages: %w", n.Load(), te)
 	}
 	return nil
 }
