@@ -66,6 +66,13 @@ func (c *attemptCtx) cancel() {
 	}
 }
 
+// cancelled reports whether cancel has been called.
+func (c *attemptCtx) cancelled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
+}
+
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 func (c *attemptCtx) Done() <-chan struct{}       { return c.ctx().Done() }
 func (c *attemptCtx) Err() error                  { return c.ctx().Err() }

@@ -101,21 +101,36 @@ func (s *Subscriber) RunBatch(ctx context.Context, h BatchHandlerFunc) error {
 		s.cfg.Logger.Warn("keyorder: subscribe.Config.MaxOutstanding is below Batch.MaxSize; batches cannot fill and wait MaxWait",
 			"max_outstanding", s.cfg.MaxOutstanding, "max_size", s.cfg.Batch.MaxSize)
 	}
-	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
-		return s.handleBatch(ctx, h, it)
-	}, true)
+	pool, err := lanes.New(s.lanesConfig(), func(ctx context.Context, key string, keyed bool, b *batch) lanes.Result {
+		return s.handleBatch(ctx, h, b)
+	})
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, nil, pool)
 }
 
-// unbatch replaces each batch among its by the members it has not settled.
-func unbatch(its []*item) []*item {
+// batch is the lane item under RunBatch: consecutive messages of one lane
+// key, handed to the batch handler together.
+type batch struct {
+	// key is the members' lane key (item.key), fair the first member's
+	// fairness key.
+	key, fair string
+	// its lists the members not yet settled, in order: after a partial
+	// failure the batch stays the lane's item with the failed message and
+	// those behind it.
+	its []*item
+	// due is when an open batch is handed to the lanes.
+	due time.Time
+}
+
+// unbatch returns the members bs have not settled, in order, and empties
+// bs.
+func unbatch(bs []*batch) []*item {
 	var out []*item
-	for _, it := range its {
-		if it.batch == nil {
-			out = append(out, it)
-			continue
-		}
-		out = append(out, it.batch...)
-		it.batch = nil
+	for _, b := range bs {
+		out = append(out, b.its...)
+		b.its = nil
 	}
 	return out
 }
@@ -126,17 +141,16 @@ func unbatch(its []*item) []*item {
 // lanes in their order.
 type batcher struct {
 	s    *Subscriber
-	pool *lanes.Pool[*item]
+	pool *lanes.Pool[*batch]
 	ctx  context.Context
 	size int
 	wait time.Duration
 
 	mu sync.Mutex
 	// open is the open batch of each lane key (item.key, the broker's key
-	// refined by Config.LaneKey): always look a batch up by o.key, never
-	// by o.m.Key.
-	open    map[string]*item
-	queue   []*item // open batches by due time; stale entries skipped
+	// refined by Config.LaneKey).
+	open    map[string]*batch
+	queue   []*batch // open batches by due time; stale entries skipped
 	stopped bool
 
 	wake chan struct{}
@@ -144,11 +158,11 @@ type batcher struct {
 	done chan struct{}
 }
 
-func newBatcher(s *Subscriber, pool *lanes.Pool[*item], ctx context.Context) *batcher {
+func newBatcher(s *Subscriber, pool *lanes.Pool[*batch], ctx context.Context) *batcher {
 	b := &batcher{
 		s: s, pool: pool, ctx: ctx,
 		size: s.cfg.Batch.MaxSize, wait: s.cfg.Batch.MaxWait,
-		open: map[string]*item{},
+		open: map[string]*batch{},
 		wake: make(chan struct{}, 1),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
@@ -188,26 +202,25 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 				return err
 			}
 		}
-		it.batch = []*item{it}
-		return b.submit(ctx, it)
+		return b.submit(ctx, &batch{key: key, fair: it.fair, its: []*item{it}})
 	}
 	o := b.open[key]
 	if o == nil {
-		it.batch = append(make([]*item, 0, min(b.size, 16)), it)
+		o = &batch{key: key, fair: it.fair, its: append(make([]*item, 0, min(b.size, 16)), it)}
 		if b.size > 1 {
-			it.due = time.Now().Add(b.wait)
-			b.open[key] = it
-			b.queue = append(b.queue, it)
+			o.due = time.Now().Add(b.wait)
+			b.open[key] = o
+			b.queue = append(b.queue, o)
 			select {
 			case b.wake <- struct{}{}:
 			default:
 			}
 			return nil
 		}
-		return b.submit(ctx, it)
+		return b.submit(ctx, o)
 	}
-	o.batch = append(o.batch, it)
-	if len(o.batch) >= b.size {
+	o.its = append(o.its, it)
+	if len(o.its) >= b.size {
 		delete(b.open, key)
 		return b.submit(ctx, o)
 	}
@@ -216,10 +229,10 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 
 // submit hands a batch to the lanes. Called with b.mu held. On failure (the
 // subscriber is stopping) the batch is given back and the batcher stops.
-func (b *batcher) submit(ctx context.Context, o *item) error {
-	if err := b.pool.SubmitFair(ctx, o.fair, o.key, o.key != "", o.m.NotBefore, o); err != nil {
+func (b *batcher) submit(ctx context.Context, o *batch) error {
+	if err := b.pool.SubmitFair(ctx, o.fair, o.key, o.key != "", o.its[0].m.NotBefore, o); err != nil {
 		b.stopped = true
-		b.s.giveBack(unbatch([]*item{o}))
+		b.s.giveBack(unbatch([]*batch{o}))
 		return err
 	}
 	return nil
@@ -291,7 +304,7 @@ func (b *batcher) stop() []*item {
 	var its []*item
 	for _, o := range b.queue {
 		if b.open[o.key] == o {
-			its = append(its, unbatch([]*item{o})...)
+			its = append(its, unbatch([]*batch{o})...)
 		}
 	}
 	clear(b.open)
@@ -307,17 +320,17 @@ func (b *batcher) stop() []*item {
 // the failed one gets its error's outcome (as handle would give it), and
 // those after it return to pending in their order. c carries the batch (see
 // item.batch).
-func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *item) lanes.Result {
-	run := make([]*item, 0, len(c.batch))
-	for k, it := range c.batch {
+func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *batch) lanes.Result {
+	run := make([]*item, 0, len(c.its))
+	for k, it := range c.its {
 		if it.parked {
 			s.unpark(it)
 		}
 		switch dn, undead := s.undeadNote(it.m); {
 		case it.lost.Load():
 			// The broker redelivers it: nothing behind it may run first.
-			s.cut(c.batch[k:])
-			c.batch = c.batch[:0]
+			s.cut(c.its[k:])
+			c.its = c.its[:0]
 			return s.runBatch(ctx, h, c, run)
 		case s.acked.has(it.m.ID):
 			s.stats.Suppressed.Add(1)
@@ -325,8 +338,8 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 		case it.chain != nil && it.chain.broken.Load() && !it.called:
 			// Not run yet (a member that ran waits for its retry in
 			// process under HoldChains and keeps it; see handle).
-			s.cut(c.batch[k:])
-			c.batch = c.batch[:0]
+			s.cut(c.its[k:])
+			c.its = c.its[:0]
 			return s.runBatch(ctx, h, c, run)
 		case undead:
 			s.redeliveredDead(it, dn)
@@ -336,7 +349,7 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *ite
 			run = append(run, it)
 		}
 	}
-	c.batch = c.batch[:0] // empty, not nil: c stays a batch (see unbatch)
+	c.its = c.its[:0] // empty, not nil: c stays a batch (see unbatch)
 	return s.runBatch(ctx, h, c, run)
 }
 
@@ -360,35 +373,39 @@ func (s *Subscriber) cut(its []*item) {
 
 // runBatch calls the handler with run (the batch's members left to run) and
 // settles them by its result.
-func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, run []*item) lanes.Result {
+func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *batch, run []*item) lanes.Result {
 	if len(run) == 0 {
 		return lanes.Done()
 	}
 	if r, wait := s.throttleN(run[0], len(run)); wait {
 		// Waits like a retry, the batch intact, counting no attempt.
-		c.batch = run
+		c.its = run
 		return r
 	}
 	s.startedBatch(ctx, run)
-	hctx, cancel := context.WithCancel(ctx)
+	hctx := &run[0].actx
+	if hctx.parent != nil {
+		hctx = new(attemptCtx)
+	}
+	hctx.parent = ctx
 	for _, it := range run {
 		it.mu.Lock()
-		it.cancel = cancel
+		it.hctx = hctx
 		it.mu.Unlock()
 		if it.lost.Load() {
-			cancel()
+			hctx.cancel()
 		}
 	}
 	ends, err := s.callBatch(hctx, h, run)
 	// The batch's context was cancelled while the lane's was not: a
 	// member's lease was lost (keepLeases cancels the whole batch).
-	leaseCut := hctx.Err() != nil && ctx.Err() == nil
+	leaseCut := hctx.cancelled() && ctx.Err() == nil
 	for _, it := range run {
 		it.mu.Lock()
-		it.cancel = nil
+		it.hctx = nil
 		it.mu.Unlock()
 	}
-	cancel()
+	hctx.cancel()
 	s.stats.Handled.Add(int64(len(run)))
 
 	i, cause := len(run), error(nil)
@@ -444,7 +461,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		if k == i {
 			return lanes.Done()
 		}
-		c.batch = run[i:k]
+		c.its = run[i:k]
 		return lanes.WaitAt(time.Time{})
 	}
 	var perm *keyorder.PermanentError
@@ -464,7 +481,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 		}
 		// The key continues with the message after it, before anything
 		// else of the key.
-		c.batch = rest
+		c.its = rest
 		return lanes.RetryAt(time.Time{})
 	}
 	delay := s.cfg.Retry.Backoff(it.attempt)
@@ -492,7 +509,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 			s.park(it)
 			s.retryAside(it, time.Now().Add(delay))
 		}
-		c.batch = rest
+		c.its = rest
 		return lanes.RetryAt(time.Time{})
 	}
 	if s.caps.NativeHold && !s.holdsChain(it) {
@@ -512,7 +529,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 	// the lane as the batch, the key parked until the retry time.
 	it.attempt++
 	s.park(it)
-	c.batch = run[i:]
+	c.its = run[i:]
 	return lanes.RetryAt(time.Now().Add(delay))
 }
 
@@ -524,7 +541,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 // make; if the pool has closed meanwhile, it goes back to the broker as
 // the pool's leftovers do (Run waits for it through settling).
 func (s *Subscriber) retryAside(it *item, at time.Time) {
-	c := &item{key: it.key, fair: it.fair, batch: []*item{it}}
+	c := &batch{key: it.key, fair: it.fair, its: []*item{it}}
 	s.settling.Add(1)
 	go func() {
 		defer s.settling.Done()
