@@ -14,7 +14,6 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/lanes"
-	"github.com/keyorder/keyorder/policy"
 )
 
 // BatchHandlerFunc handles a batch: up to BatchConfig.MaxSize consecutive
@@ -315,222 +314,26 @@ func (b *batcher) stop() []*item {
 	return its
 }
 
-// handleBatch runs one batch on a lane and turns the batch handler's result
-// into each message's fate: those before the failed index are acknowledged,
-// the failed one gets its error's outcome (as handle would give it), and
-// those after it return to pending in their order. c carries the batch (see
-// item.batch).
+// handleBatch runs one batch on a lane under RunBatch and turns the batch
+// handler's result into each member's fate (prepare, decide): those
+// before the failed index are acknowledged, the failed one gets its
+// error's outcome, as a message under Run would, and those after it run
+// next or return to pending in their order. The members that stay the
+// lane's item remain in c.
 func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *batch) lanes.Result {
-	run := make([]*item, 0, len(c.its))
-	for k, it := range c.its {
-		if it.parked {
-			s.unpark(it)
-		}
-		switch dn, undead := s.undeadNote(it.m); {
-		case it.lost.Load():
-			// The broker redelivers it: nothing behind it may run first.
-			s.cut(c.its[k:])
-			c.its = c.its[:0]
-			return s.runBatch(ctx, h, c, run)
-		case s.acked.has(it.m.ID):
-			s.stats.Suppressed.Add(1)
-			s.acks <- it
-		case it.chain != nil && it.chain.broken.Load() && !it.called:
-			// Not run yet (a member that ran waits for its retry in
-			// process under HoldChains and keeps it; see handle).
-			s.cut(c.its[k:])
-			c.its = c.its[:0]
-			return s.runBatch(ctx, h, c, run)
-		case undead:
-			s.redeliveredDead(it, dn)
-		case it.attempt > s.cfg.Retry.MaxAttempts:
-			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
-		default:
-			run = append(run, it)
-		}
-	}
-	c.its = c.its[:0] // empty, not nil: c stays a batch (see unbatch)
-	return s.runBatch(ctx, h, c, run)
-}
-
-// cut gives back items that must not run now (the first was lost, or its
-// chain broken): the lost are dropped (the broker redelivers them), the
-// others released unhandled, and their chains broken.
-func (s *Subscriber) cut(its []*item) {
-	var back []*item
-	for _, it := range its {
-		if it.chain != nil {
-			it.chain.broken.Store(true)
-		}
-		if it.lost.Load() {
-			s.drop(it)
-		} else {
-			back = append(back, it)
-		}
-	}
-	s.giveBack(back)
-}
-
-// runBatch calls the handler with run (the batch's members left to run) and
-// settles them by its result.
-func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *batch, run []*item) lanes.Result {
-	if len(run) == 0 {
-		return lanes.Done()
-	}
-	if r, wait := s.throttleN(run[0], len(run)); wait {
-		// Waits like a retry, the batch intact, counting no attempt.
-		c.its = run
+	run, hctx, r, ok := s.prepare(ctx, c.its)
+	c.its = run
+	if !ok {
 		return r
 	}
-	s.startedBatch(ctx, run)
-	hctx := &run[0].actx
-	if hctx.parent != nil {
-		hctx = new(attemptCtx)
-	}
-	hctx.parent = ctx
-	for _, it := range run {
-		it.mu.Lock()
-		it.hctx = hctx
-		it.mu.Unlock()
-		if it.lost.Load() {
-			hctx.cancel()
-		}
-	}
 	ends, err := s.callBatch(hctx, h, run)
-	// The batch's context was cancelled while the lane's was not: a
-	// member's lease was lost (keepLeases cancels the whole batch).
-	leaseCut := hctx.cancelled() && ctx.Err() == nil
-	for _, it := range run {
-		it.mu.Lock()
-		it.hctx = nil
-		it.mu.Unlock()
-	}
-	hctx.cancel()
-	s.stats.Handled.Add(int64(len(run)))
-
+	cut := s.endAttempt(ctx, hctx, run)
 	i, cause := len(run), error(nil)
 	if err != nil {
 		i, cause = s.batchFailure(err, run)
 	}
-	for k, it := range run[:i] {
-		observed(ends[k], OutcomeAck, nil)
-		s.acked.add(it.m.ID)
-		s.stats.Acked.Add(1)
-		s.acks <- it
-	}
-	if err == nil {
-		return lanes.Done()
-	}
-	it, end, rest := run[i], ends[i], run[i+1:]
-	notRun := func() {
-		for _, e := range ends[i+1:] {
-			observed(e, OutcomeReleased, nil)
-		}
-	}
-	if it.lost.Load() {
-		observed(end, OutcomeLeaseLost, cause)
-		notRun()
-		s.drop(it)
-		s.cut(rest)
-		return lanes.Done()
-	}
-	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the messages' fault.
-		observed(end, OutcomeReleased, cause)
-		notRun()
-		s.cut(run[i:])
-		return lanes.Done()
-	}
-	if leaseCut {
-		// Cancelled because a later member's lease was lost (this one's
-		// is not): not its fault, so no attempt counts. The members
-		// before the first lost one still hold their leases: they run
-		// again in process, first, keeping their place at the head of the
-		// key (WaitAt), since the broker redelivers the lost one (and,
-		// where it streams a key, those after it) and none of those may
-		// run before them; handing them back instead would put them
-		// behind that redelivery. From the first lost member on, the
-		// lost are dropped and the others released.
-		observed(end, OutcomeReleased, cause)
-		notRun()
-		k := i
-		for k < len(run) && !run[k].lost.Load() {
-			k++
-		}
-		s.cut(run[k:])
-		if k == i {
-			return lanes.Done()
-		}
-		c.its = run[i:k]
-		return lanes.WaitAt(time.Time{})
-	}
-	var perm *keyorder.PermanentError
-	dead := ""
-	switch {
-	case errors.As(cause, &perm):
-		dead = cause.Error()
-	case it.attempt >= s.cfg.Retry.MaxAttempts:
-		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
-	}
-	if dead != "" {
-		observed(end, OutcomeDeadLetter, cause)
-		notRun()
-		s.deadLetter(it, dead)
-		if len(rest) == 0 {
-			return lanes.Done()
-		}
-		// The key continues with the message after it, before anything
-		// else of the key.
-		c.its = rest
-		return lanes.RetryAt(time.Time{})
-	}
-	delay := s.cfg.Retry.Backoff(it.attempt)
-	var re *keyorder.RetryError
-	if errors.As(cause, &re) {
-		delay = re.After
-	}
-	observed(end, OutcomeRetry, cause)
-	notRun()
-	s.stats.Retried.Add(1)
-	s.cfg.Logger.Debug("keyorder: batch handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "index", i, "attempt", it.attempt, "delay", delay, "err", cause)
-	if s.caps.Ordering != policy.Ordered && len(rest) > 0 {
-		// Exclusive (and Parallel): the failed message may be overtaken,
-		// but those behind it never ran and go on at once, as a batch of
-		// what is left, before anything else of the key (the lane item
-		// keeps its place). Only the failed message waits for its retry:
-		// Nacked with its delay where the broker holds the key (which it
-		// still does while the rest is leased), or as a lane item of its
-		// own, due then, where the process holds it.
-		if s.caps.NativeHold {
-			m := it.m
-			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
-		} else {
-			it.attempt++
-			s.park(it)
-			s.retryAside(it, time.Now().Add(delay))
-		}
-		c.its = rest
-		return lanes.RetryAt(time.Time{})
-	}
-	if s.caps.NativeHold && !s.holdsChain(it) {
-		// The broker holds the key: the failed message goes back with its
-		// delay, those behind it unhandled (and the rest of its chain,
-		// wherever it waits, when its turn comes).
-		if it.chain != nil {
-			it.chain.broken.Store(true)
-		}
-		m := it.m
-		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
-		s.cut(rest)
-		return lanes.Done()
-	}
-	// Hold in process (no native hold, or the rest of its chain behind it
-	// under HoldChains): the failed message and those behind it stay in
-	// the lane as the batch, the key parked until the retry time.
-	it.attempt++
-	s.park(it)
-	c.its = run[i:]
-	return lanes.RetryAt(time.Now().Add(delay))
+	c.its, r = s.decide(ctx, run, ends, i, cause, cut)
+	return r
 }
 
 // retryAside makes it, a failed member of a batch under Exclusive or
