@@ -11,13 +11,14 @@ import (
 	"time"
 )
 
-// attemptCtx is the context a Run handler attempt is given: what
-// context.WithCancel(parent) would return, cancelled when the attempt ends
-// or its lease is lost, except that the real WithCancel context is only
+// attemptCtx is the context a handler attempt is given (a message's under
+// Run, a batch's under RunBatch): what context.WithCancel(parent) would
+// return, cancelled when the attempt ends or a lease of its messages is
+// lost, except that the real WithCancel context is only
 // created the first time something looks at it (Done, Err, Value, String).
 // A handler that never touches its ctx, the common fast handler, then costs
 // no context allocation at all; the first attempt's attemptCtx is part of
-// its item.
+// its (first) item.
 //
 // Every method but Deadline answers from the real context, so Done, Err,
 // context.Cause, derived contexts and AfterFunc behave exactly as with
@@ -64,6 +65,13 @@ func (c *attemptCtx) cancel() {
 	if stop != nil {
 		stop()
 	}
+}
+
+// cancelled reports whether cancel has been called.
+func (c *attemptCtx) cancelled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
 }
 
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }

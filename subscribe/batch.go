@@ -14,7 +14,6 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/lanes"
-	"github.com/keyorder/keyorder/policy"
 )
 
 // BatchHandlerFunc handles a batch: up to BatchConfig.MaxSize consecutive
@@ -101,21 +100,36 @@ func (s *Subscriber) RunBatch(ctx context.Context, h BatchHandlerFunc) error {
 		s.cfg.Logger.Warn("keyorder: subscribe.Config.MaxOutstanding is below Batch.MaxSize; batches cannot fill and wait MaxWait",
 			"max_outstanding", s.cfg.MaxOutstanding, "max_size", s.cfg.Batch.MaxSize)
 	}
-	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
-		return s.handleBatch(ctx, h, it)
-	}, true)
+	pool, err := lanes.New(s.lanesConfig(), func(ctx context.Context, key string, keyed bool, b *batch) lanes.Result {
+		return s.handleBatch(ctx, h, b)
+	})
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, nil, pool)
 }
 
-// unbatch replaces each batch among its by the members it has not settled.
-func unbatch(its []*item) []*item {
+// batch is the lane item under RunBatch: consecutive messages of one lane
+// key, handed to the batch handler together.
+type batch struct {
+	// key is the members' lane key (item.key), fair the first member's
+	// fairness key.
+	key, fair string
+	// its lists the members not yet settled, in order: after a partial
+	// failure the batch stays the lane's item with the failed message and
+	// those behind it.
+	its []*item
+	// due is when an open batch is handed to the lanes.
+	due time.Time
+}
+
+// unbatch returns the members bs have not settled, in order, and empties
+// bs.
+func unbatch(bs []*batch) []*item {
 	var out []*item
-	for _, it := range its {
-		if it.batch == nil {
-			out = append(out, it)
-			continue
-		}
-		out = append(out, it.batch...)
-		it.batch = nil
+	for _, b := range bs {
+		out = append(out, b.its...)
+		b.its = nil
 	}
 	return out
 }
@@ -126,17 +140,16 @@ func unbatch(its []*item) []*item {
 // lanes in their order.
 type batcher struct {
 	s    *Subscriber
-	pool *lanes.Pool[*item]
+	pool *lanes.Pool[*batch]
 	ctx  context.Context
 	size int
 	wait time.Duration
 
 	mu sync.Mutex
 	// open is the open batch of each lane key (item.key, the broker's key
-	// refined by Config.LaneKey): always look a batch up by o.key, never
-	// by o.m.Key.
-	open    map[string]*item
-	queue   []*item // open batches by due time; stale entries skipped
+	// refined by Config.LaneKey).
+	open    map[string]*batch
+	queue   []*batch // open batches by due time; stale entries skipped
 	stopped bool
 
 	wake chan struct{}
@@ -144,11 +157,11 @@ type batcher struct {
 	done chan struct{}
 }
 
-func newBatcher(s *Subscriber, pool *lanes.Pool[*item], ctx context.Context) *batcher {
+func newBatcher(s *Subscriber, pool *lanes.Pool[*batch], ctx context.Context) *batcher {
 	b := &batcher{
 		s: s, pool: pool, ctx: ctx,
 		size: s.cfg.Batch.MaxSize, wait: s.cfg.Batch.MaxWait,
-		open: map[string]*item{},
+		open: map[string]*batch{},
 		wake: make(chan struct{}, 1),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
@@ -188,26 +201,25 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 				return err
 			}
 		}
-		it.batch = []*item{it}
-		return b.submit(ctx, it)
+		return b.submit(ctx, &batch{key: key, fair: it.fair, its: []*item{it}})
 	}
 	o := b.open[key]
 	if o == nil {
-		it.batch = append(make([]*item, 0, min(b.size, 16)), it)
+		o = &batch{key: key, fair: it.fair, its: append(make([]*item, 0, min(b.size, 16)), it)}
 		if b.size > 1 {
-			it.due = time.Now().Add(b.wait)
-			b.open[key] = it
-			b.queue = append(b.queue, it)
+			o.due = time.Now().Add(b.wait)
+			b.open[key] = o
+			b.queue = append(b.queue, o)
 			select {
 			case b.wake <- struct{}{}:
 			default:
 			}
 			return nil
 		}
-		return b.submit(ctx, it)
+		return b.submit(ctx, o)
 	}
-	o.batch = append(o.batch, it)
-	if len(o.batch) >= b.size {
+	o.its = append(o.its, it)
+	if len(o.its) >= b.size {
 		delete(b.open, key)
 		return b.submit(ctx, o)
 	}
@@ -216,10 +228,10 @@ func (b *batcher) add(ctx context.Context, it *item) error {
 
 // submit hands a batch to the lanes. Called with b.mu held. On failure (the
 // subscriber is stopping) the batch is given back and the batcher stops.
-func (b *batcher) submit(ctx context.Context, o *item) error {
-	if err := b.pool.Submit(ctx, lanes.Item{Key: o.key, Keyed: o.key != "", NotBefore: o.m.NotBefore, Fairness: o.fair}, o); err != nil {
+func (b *batcher) submit(ctx context.Context, o *batch) error {
+	if err := b.pool.Submit(ctx, lanes.Item{Key: o.key, Keyed: o.key != "", NotBefore: o.its[0].m.NotBefore, Fairness: o.fair}, o); err != nil {
 		b.stopped = true
-		b.s.giveBack(unbatch([]*item{o}))
+		b.s.giveBack(unbatch([]*batch{o}))
 		return err
 	}
 	return nil
@@ -291,7 +303,7 @@ func (b *batcher) stop() []*item {
 	var its []*item
 	for _, o := range b.queue {
 		if b.open[o.key] == o {
-			its = append(its, unbatch([]*item{o})...)
+			its = append(its, unbatch([]*batch{o})...)
 		}
 	}
 	clear(b.open)
@@ -302,218 +314,26 @@ func (b *batcher) stop() []*item {
 	return its
 }
 
-// handleBatch runs one batch on a lane and turns the batch handler's result
-// into each message's fate: those before the failed index are acknowledged,
-// the failed one gets its error's outcome (as handle would give it), and
-// those after it return to pending in their order. c carries the batch (see
-// item.batch).
-func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *item) lanes.Result {
-	run := make([]*item, 0, len(c.batch))
-	for k, it := range c.batch {
-		if it.parked {
-			s.unpark(it)
-		}
-		switch dn, undead := s.undeadNote(it.m); {
-		case it.lost.Load():
-			// The broker redelivers it: nothing behind it may run first.
-			s.cut(c.batch[k:])
-			c.batch = c.batch[:0]
-			return s.runBatch(ctx, h, c, run)
-		case s.acked.has(it.m.ID):
-			s.stats.Suppressed.Add(1)
-			s.acks <- it
-		case it.chain != nil && it.chain.broken.Load() && !it.called:
-			// Not run yet (a member that ran waits for its retry in
-			// process under HoldChains and keeps it; see handle).
-			s.cut(c.batch[k:])
-			c.batch = c.batch[:0]
-			return s.runBatch(ctx, h, c, run)
-		case undead:
-			s.redeliveredDead(it, dn)
-		case it.attempt > s.cfg.Retry.MaxAttempts:
-			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
-		default:
-			run = append(run, it)
-		}
-	}
-	c.batch = c.batch[:0] // empty, not nil: c stays a batch (see unbatch)
-	return s.runBatch(ctx, h, c, run)
-}
-
-// cut gives back items that must not run now (the first was lost, or its
-// chain broken): the lost are dropped (the broker redelivers them), the
-// others released unhandled, and their chains broken.
-func (s *Subscriber) cut(its []*item) {
-	var back []*item
-	for _, it := range its {
-		if it.chain != nil {
-			it.chain.broken.Store(true)
-		}
-		if it.lost.Load() {
-			s.drop(it)
-		} else {
-			back = append(back, it)
-		}
-	}
-	s.giveBack(back)
-}
-
-// runBatch calls the handler with run (the batch's members left to run) and
-// settles them by its result.
-func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, run []*item) lanes.Result {
-	if len(run) == 0 {
-		return lanes.Done()
-	}
-	if r, wait := s.throttleN(run[0], len(run)); wait {
-		// Waits like a retry, the batch intact, counting no attempt.
-		c.batch = run
+// handleBatch runs one batch on a lane under RunBatch and turns the batch
+// handler's result into each member's fate (prepare, decide): those
+// before the failed index are acknowledged, the failed one gets its
+// error's outcome, as a message under Run would, and those after it run
+// next or return to pending in their order. The members that stay the
+// lane's item remain in c.
+func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *batch) lanes.Result {
+	run, hctx, r, ok := s.prepare(ctx, c.its)
+	c.its = run
+	if !ok {
 		return r
 	}
-	s.startedBatch(ctx, run)
-	hctx, cancel := context.WithCancel(ctx)
-	for _, it := range run {
-		it.mu.Lock()
-		it.cancel = cancel
-		it.mu.Unlock()
-		if it.lost.Load() {
-			cancel()
-		}
-	}
 	ends, err := s.callBatch(hctx, h, run)
-	// The batch's context was cancelled while the lane's was not: a
-	// member's lease was lost (keepLeases cancels the whole batch).
-	leaseCut := hctx.Err() != nil && ctx.Err() == nil
-	for _, it := range run {
-		it.mu.Lock()
-		it.cancel = nil
-		it.mu.Unlock()
-	}
-	cancel()
-	s.stats.Handled.Add(int64(len(run)))
-
+	cut := s.endAttempt(ctx, hctx, run)
 	i, cause := len(run), error(nil)
 	if err != nil {
 		i, cause = s.batchFailure(err, run)
 	}
-	for k, it := range run[:i] {
-		observed(ends[k], OutcomeAck, nil)
-		s.acked.add(it.m.ID)
-		s.stats.Acked.Add(1)
-		s.acks <- it
-	}
-	if err == nil {
-		return lanes.Done()
-	}
-	it, end, rest := run[i], ends[i], run[i+1:]
-	notRun := func() {
-		for _, e := range ends[i+1:] {
-			observed(e, OutcomeReleased, nil)
-		}
-	}
-	if it.lost.Load() {
-		observed(end, OutcomeLeaseLost, cause)
-		notRun()
-		s.drop(it)
-		s.cut(rest)
-		return lanes.Done()
-	}
-	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the messages' fault.
-		observed(end, OutcomeReleased, cause)
-		notRun()
-		s.cut(run[i:])
-		return lanes.Done()
-	}
-	if leaseCut {
-		// Cancelled because a later member's lease was lost (this one's
-		// is not): not its fault, so no attempt counts. The members
-		// before the first lost one still hold their leases: they run
-		// again in process, first, keeping their place at the head of the
-		// key (WaitAt), since the broker redelivers the lost one (and,
-		// where it streams a key, those after it) and none of those may
-		// run before them; handing them back instead would put them
-		// behind that redelivery. From the first lost member on, the
-		// lost are dropped and the others released.
-		observed(end, OutcomeReleased, cause)
-		notRun()
-		k := i
-		for k < len(run) && !run[k].lost.Load() {
-			k++
-		}
-		s.cut(run[k:])
-		if k == i {
-			return lanes.Done()
-		}
-		c.batch = run[i:k]
-		return lanes.WaitAt(time.Time{})
-	}
-	var perm *keyorder.PermanentError
-	dead := ""
-	switch {
-	case errors.As(cause, &perm):
-		dead = cause.Error()
-	case it.attempt >= s.cfg.Retry.MaxAttempts:
-		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
-	}
-	if dead != "" {
-		observed(end, OutcomeDeadLetter, cause)
-		notRun()
-		s.deadLetter(it, dead)
-		if len(rest) == 0 {
-			return lanes.Done()
-		}
-		// The key continues with the message after it, before anything
-		// else of the key.
-		c.batch = rest
-		return lanes.RetryAt(time.Time{})
-	}
-	delay := s.cfg.Retry.Backoff(it.attempt)
-	var re *keyorder.RetryError
-	if errors.As(cause, &re) {
-		delay = re.After
-	}
-	observed(end, OutcomeRetry, cause)
-	notRun()
-	s.stats.Retried.Add(1)
-	s.cfg.Logger.Debug("keyorder: batch handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "index", i, "attempt", it.attempt, "delay", delay, "err", cause)
-	if s.caps.Ordering != policy.Ordered && len(rest) > 0 {
-		// Exclusive (and Parallel): the failed message may be overtaken,
-		// but those behind it never ran and go on at once, as a batch of
-		// what is left, before anything else of the key (the lane item
-		// keeps its place). Only the failed message waits for its retry:
-		// Nacked with its delay where the broker holds the key (which it
-		// still does while the rest is leased), or as a lane item of its
-		// own, due then, where the process holds it.
-		if s.caps.NativeHold {
-			m := it.m
-			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
-		} else {
-			it.attempt++
-			s.park(it)
-			s.retryAside(it, time.Now().Add(delay))
-		}
-		c.batch = rest
-		return lanes.RetryAt(time.Time{})
-	}
-	if s.caps.NativeHold && !s.holdsChain(it) {
-		// The broker holds the key: the failed message goes back with its
-		// delay, those behind it unhandled (and the rest of its chain,
-		// wherever it waits, when its turn comes).
-		if it.chain != nil {
-			it.chain.broken.Store(true)
-		}
-		m := it.m
-		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
-		s.cut(rest)
-		return lanes.Done()
-	}
-	// Hold in process (no native hold, or the rest of its chain behind it
-	// under HoldChains): the failed message and those behind it stay in
-	// the lane as the batch, the key parked until the retry time.
-	it.attempt++
-	s.park(it)
-	c.batch = run[i:]
-	return lanes.RetryAt(time.Now().Add(delay))
+	c.its, r = s.decide(ctx, run, ends, i, cause, cut)
+	return r
 }
 
 // retryAside makes it, a failed member of a batch under Exclusive or
@@ -524,7 +344,7 @@ func (s *Subscriber) runBatch(ctx context.Context, h BatchHandlerFunc, c *item, 
 // make; if the pool has closed meanwhile, it goes back to the broker as
 // the pool's leftovers do (Run waits for it through settling).
 func (s *Subscriber) retryAside(it *item, at time.Time) {
-	c := &item{key: it.key, fair: it.fair, batch: []*item{it}}
+	c := &batch{key: it.key, fair: it.fair, its: []*item{it}}
 	s.settling.Add(1)
 	go func() {
 		defer s.settling.Done()

@@ -91,9 +91,6 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		for _, it := range gone {
 			s.stats.LeasesLost.Add(1)
 			it.mu.Lock()
-			if it.cancel != nil {
-				it.cancel()
-			}
 			if it.hctx != nil {
 				it.hctx.cancel()
 			}

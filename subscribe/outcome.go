@@ -1,7 +1,8 @@
 package subscribe
 
-// This file: running the handler for one item and what its result means
-// (ack, retry, dead letter).
+// This file: running a lane item's handler (a message under Run, a batch
+// under RunBatch) and what its result means for each message (ack, retry,
+// dead letter).
 
 import (
 	"bytes"
@@ -12,126 +13,279 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
-	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
+	"github.com/keyorder/keyorder/policy"
 )
 
-// handle runs one item on a lane and turns the handler's result into the
-// item's fate.
+// Running a lane item and deciding what becomes of its messages is one
+// path for Run and RunBatch: a message under Run is a batch of one. The
+// path is execute, then one decision, as River's executor runs a job and
+// reports its result:
+//
+//   - prepare sorts the members before a run (lost, acknowledged, chain
+//     broken, dead-lettered before, attempts used up) and starts the
+//     attempt (throttles, Started, its context);
+//   - call or callBatch runs the handler;
+//   - endAttempt ends the attempt's context;
+//   - decide settles each member by the result: those before the failed
+//     index acknowledged, the failed one by its error (lost lease, shutdown,
+//     Permanent or out of attempts, backoff or RetryAfter), those behind it
+//     by what the failed one's fate leaves them.
+
+// handle runs one message on a lane under Run: a batch of one.
 func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.Result {
-	m := it.m
-	if it.parked {
-		s.unpark(it)
-	}
-	if it.lost.Load() {
-		s.drop(it)
-		return lanes.Done()
-	}
-	if s.acked.has(m.ID) {
-		// A redelivery of a message this process acknowledged, received
-		// before (or while) the original ran.
-		s.stats.Suppressed.Add(1)
-		s.acks <- it
-		return lanes.Done()
-	}
-	if it.chain != nil && it.chain.broken.Load() && !it.called {
-		// Not run yet: it goes back unrun. One that ran and waits for
-		// its retry in process (HoldChains) keeps its lease and its
-		// attempts: handing it back would lose the attempts run in
-		// process, and with lane keys the member whose loss broke the
-		// chain may be in another lane.
-		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*driver.Message{m}) })
-		return lanes.Done()
-	}
-	if dn, ok := s.undeadNote(m); ok {
-		// A redelivery of a message this process dead-lettered: its fate
-		// is decided.
-		s.redeliveredDead(it, dn)
-		return lanes.Done()
-	}
-	if it.attempt > s.cfg.Retry.MaxAttempts {
-		// Lost leases used up the budget before a handler could finish.
-		s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
-		return lanes.Done()
-	}
-	if r, wait := s.throttle(it); wait {
+	one := [1]*item{it}
+	run, hctx, r, ok := s.prepare(ctx, one[:])
+	if !ok {
 		return r
 	}
-	s.started(ctx, it)
-	// The attempt's context, cancelled when it ends or its lease is lost
-	// (see attemptCtx); the first attempt's comes with the item.
-	hctx := &it.actx
+	end, err := s.call(hctx, h, it)
+	cut := s.endAttempt(ctx, hctx, run)
+	ends := [1]func(Outcome, error){end}
+	_, r = s.decide(ctx, run, ends[:], 0, err, cut)
+	return r
+}
+
+// prepare sorts the members of a lane item (its, in their key's order)
+// before a run and starts the attempt of those that run. It settles those
+// that must not run (acknowledged before, dead-lettered before, attempts
+// used up by lost leases); a lost member, or one whose chain broke before
+// it ran, goes back with every member behind it, since nothing behind it
+// may run before the broker redelivers it. It returns the members that
+// run, in order, filtered in place in its, and their attempt's context;
+// ok false means nothing runs now and r is the lane's result: Done when
+// no member is left, a wait when a throttle holds them (run then lists
+// them all).
+func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hctx *attemptCtx, r lanes.Result, ok bool) {
+	run = its[:0]
+	for k, it := range its {
+		if it.parked {
+			s.unpark(it)
+		}
+		if it.lost.Load() {
+			// The broker redelivers it.
+			s.cut(its[k:])
+			break
+		}
+		if s.acked.has(it.m.ID) {
+			// A redelivery of a message this process acknowledged,
+			// received before (or while) the original ran.
+			s.stats.Suppressed.Add(1)
+			s.acks <- it
+			continue
+		}
+		if it.chain != nil && it.chain.broken.Load() && !it.called {
+			// Not run yet: it goes back unrun. One that ran and waits for
+			// its retry in process (HoldChains) keeps its lease and its
+			// attempts: handing it back would lose the attempts run in
+			// process, and with lane keys the member whose loss broke the
+			// chain may be in another lane.
+			s.cut(its[k:])
+			break
+		}
+		if dn, ok := s.undeadNote(it.m); ok {
+			// A redelivery of a message this process dead-lettered: its
+			// fate is decided.
+			s.redeliveredDead(it, dn)
+			continue
+		}
+		if it.attempt > s.cfg.Retry.MaxAttempts {
+			// Lost leases used up the budget before a handler could finish.
+			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
+			continue
+		}
+		run = append(run, it)
+	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
+	if r, wait := s.throttle(run[0], len(run)); wait {
+		// Waits like a retry, intact, counting no attempt.
+		return run, nil, r, false
+	}
+	s.started(ctx, run)
+	// The attempt's context, cancelled when it ends or a member's lease is
+	// lost (see attemptCtx); the first attempt of its first member comes
+	// with the item.
+	hctx = &run[0].actx
 	if hctx.parent != nil {
 		hctx = new(attemptCtx)
 	}
 	hctx.parent = ctx
-	it.mu.Lock()
-	it.hctx = hctx
-	it.mu.Unlock()
-	if it.lost.Load() {
-		hctx.cancel()
+	for _, it := range run {
+		it.mu.Lock()
+		it.hctx = hctx
+		it.mu.Unlock()
+		if it.lost.Load() {
+			hctx.cancel()
+		}
 	}
-	end, err := s.call(hctx, h, it)
-	it.mu.Lock()
-	it.hctx = nil
-	it.mu.Unlock()
-	hctx.cancel()
-	s.stats.Handled.Add(1)
+	return run, hctx, lanes.Result{}, true
+}
 
-	if err == nil {
-		observed(end, OutcomeAck, nil)
-		s.acked.add(m.ID)
+// endAttempt ends the attempt of run and reports whether a member's lost
+// lease cancelled it while the lane's ctx was not done (keepLeases cancels
+// the whole attempt).
+func (s *Subscriber) endAttempt(ctx context.Context, hctx *attemptCtx, run []*item) (leaseCut bool) {
+	leaseCut = hctx.cancelled() && ctx.Err() == nil
+	for _, it := range run {
+		it.mu.Lock()
+		it.hctx = nil
+		it.mu.Unlock()
+	}
+	hctx.cancel()
+	s.stats.Handled.Add(int64(len(run)))
+	return leaseCut
+}
+
+// decide settles the members of run, which ran together (one under Run),
+// by the result: cause nil means all succeeded; otherwise run[:i]
+// succeeded and run[i] failed with cause. ends[k] ends the observation of
+// run[k]'s attempt. leaseCut: a member's lost lease cancelled the attempt
+// (endAttempt). It returns the members that stay the lane's item, in
+// order, and the lane's result: Done, or when they run again.
+func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcome, error), i int, cause error, leaseCut bool) ([]*item, lanes.Result) {
+	if cause == nil {
+		i = len(run)
+	}
+	for k, it := range run[:i] {
+		observed(ends[k], OutcomeAck, nil)
+		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
 		s.acks <- it
-		return lanes.Done()
+	}
+	if cause == nil {
+		return nil, lanes.Done()
+	}
+	it, rest := run[i], run[i+1:]
+	// outcome ends the observation of the failed member's attempt with o,
+	// and of those behind it, which never ran, as released.
+	outcome := func(o Outcome) {
+		observed(ends[i], o, cause)
+		for _, e := range ends[i+1:] {
+			observed(e, OutcomeReleased, nil)
+		}
 	}
 	if it.lost.Load() {
-		observed(end, OutcomeLeaseLost, err)
+		outcome(OutcomeLeaseLost)
 		s.drop(it) // the broker took it back; it counted the attempt
-		return lanes.Done()
+		s.cut(rest)
+		return nil, lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the message's fault.
-		observed(end, OutcomeReleased, err)
-		if it.chain != nil {
-			it.chain.broken.Store(true)
+		// Cancelled by shutdown: not the messages' fault.
+		outcome(OutcomeReleased)
+		s.cut(run[i:])
+		return nil, lanes.Done()
+	}
+	if leaseCut {
+		// Cancelled because a later member's lease was lost (this one's
+		// is not): not its fault, so no attempt counts. The members
+		// before the first lost one still hold their leases: they run
+		// again in process, first, keeping their place at the head of the
+		// key (WaitAt), since the broker redelivers the lost one (and,
+		// where it streams a key, those after it) and none of those may
+		// run before them; handing them back instead would put them
+		// behind that redelivery. From the first lost member on, the
+		// lost are dropped and the others released.
+		outcome(OutcomeReleased)
+		k := i
+		for k < len(run) && !run[k].lost.Load() {
+			k++
 		}
-		s.settle(it, func(ctx context.Context) error { return s.drv.Release(ctx, []*driver.Message{m}) })
-		return lanes.Done()
+		s.cut(run[k:])
+		if k == i {
+			return nil, lanes.Done()
+		}
+		return run[i:k], lanes.WaitAt(time.Time{})
 	}
 	var perm *keyorder.PermanentError
-	if errors.As(err, &perm) {
-		observed(end, OutcomeDeadLetter, err)
-		s.deadLetter(it, err.Error())
-		return lanes.Done()
+	dead := ""
+	switch {
+	case errors.As(cause, &perm):
+		dead = cause.Error()
+	case it.attempt >= s.cfg.Retry.MaxAttempts:
+		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
 	}
-	if it.attempt >= s.cfg.Retry.MaxAttempts {
-		observed(end, OutcomeDeadLetter, err)
-		s.deadLetter(it, fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, err))
-		return lanes.Done()
+	if dead != "" {
+		outcome(OutcomeDeadLetter)
+		s.deadLetter(it, dead)
+		if len(rest) == 0 {
+			return nil, lanes.Done()
+		}
+		// The key continues with the message after it, before anything
+		// else of the key.
+		return rest, lanes.RetryAt(time.Time{})
 	}
 	delay := s.cfg.Retry.Backoff(it.attempt)
 	var re *keyorder.RetryError
-	if errors.As(err, &re) {
+	if errors.As(cause, &re) {
 		delay = re.After
 	}
-	observed(end, OutcomeRetry, err)
+	outcome(OutcomeRetry)
 	s.stats.Retried.Add(1)
-	s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", m.ID, "key", m.Key, "attempt", it.attempt, "delay", delay, "err", err)
+	if s.batcher != nil {
+		s.cfg.Logger.Debug("keyorder: batch handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "index", i, "attempt", it.attempt, "delay", delay, "err", cause)
+	} else {
+		s.cfg.Logger.Debug("keyorder: handler failed; retrying", "id", it.m.ID, "key", it.m.Key, "attempt", it.attempt, "delay", delay, "err", cause)
+	}
+	if s.caps.Ordering != policy.Ordered && len(rest) > 0 {
+		// Exclusive (and Parallel): the failed message may be overtaken,
+		// but those behind it never ran and go on at once, as a batch of
+		// what is left, before anything else of the key (the lane item
+		// keeps its place). Only the failed message waits for its retry:
+		// Nacked with its delay where the broker holds the key (which it
+		// still does while the rest is leased), or as a lane item of its
+		// own, due then, where the process holds it.
+		if s.caps.NativeHold {
+			m := it.m
+			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
+		} else {
+			it.attempt++
+			s.park(it)
+			s.retryAside(it, time.Now().Add(delay))
+		}
+		return rest, lanes.RetryAt(time.Time{})
+	}
 	if s.caps.NativeHold && !s.holdsChain(it) {
+		// The broker holds the key: the failed message goes back with its
+		// delay, those behind it unhandled (and the rest of its chain,
+		// wherever it waits, when its turn comes).
 		if it.chain != nil {
 			it.chain.broken.Store(true)
 		}
+		m := it.m
 		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
-		return lanes.Done()
+		s.cut(rest)
+		return nil, lanes.Done()
 	}
 	// Hold in process (no native hold, or the rest of its chain behind it
-	// under HoldChains): the item stays in its lane, its key parked, its
-	// lease kept alive; its flow-control token is returned so other keys
-	// keep flowing.
+	// under HoldChains): the failed message and those behind it stay in
+	// the lane, the key parked, its lease kept alive, until the retry
+	// time; its flow-control token is returned so other keys keep
+	// flowing.
 	it.attempt++
 	s.park(it)
-	return lanes.RetryAt(time.Now().Add(delay))
+	return run[i:], lanes.RetryAt(time.Now().Add(delay))
+}
+
+// cut gives back members that must not run now (the first was lost, or
+// its chain broken, or the run was cut short): the lost are dropped (the
+// broker redelivers them), the others released unhandled, and their chains
+// broken.
+func (s *Subscriber) cut(its []*item) {
+	var back []*item
+	for _, it := range its {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		if it.lost.Load() {
+			s.drop(it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	s.giveBack(back)
 }
 
 func (s *Subscriber) deadLetter(it *item, reason string) {

@@ -26,14 +26,6 @@ type item struct {
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string
 
-	// Under RunBatch the item submitted to the lanes carries its batch:
-	// batch lists the members not yet settled, in order (the item itself
-	// first until it is settled; after a partial failure the carrier stays
-	// the lane's item while batch holds the failed message and those
-	// behind it). due is when an open batch is handed to the lanes.
-	batch []*item
-	due   time.Time
-
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
@@ -47,13 +39,13 @@ type item struct {
 	round chan struct{}
 
 	mu sync.Mutex
-	// cancel cancels the running batch attempt (RunBatch), hctx the
-	// running Run attempt; nil when none runs.
-	cancel context.CancelFunc
-	hctx   *attemptCtx
-	// actx is the first Run attempt's context (attemptCtx); later
-	// attempts get their own, since a handler may keep the one it was
-	// given.
+	// hctx is the context of the attempt running the item (alone, or in
+	// a batch with others), cancelled when its lease is lost; nil when
+	// none runs.
+	hctx *attemptCtx
+	// actx is the context of the first attempt the item runs, or heads
+	// as a batch's first member (attemptCtx); later attempts get their
+	// own, since a handler may keep the one it was given.
 	actx attemptCtx
 
 	// d is the first attempt's Delivery, allocated with the item; later

@@ -9,21 +9,15 @@ import (
 	"github.com/keyorder/keyorder/driver"
 )
 
-// started tells a driver that records started handlers that the handler of
-// it starts now. It runs on the item's lane right before the handler; the
+// started tells a driver that records started handlers that the handler
+// of run (one message, or the members of a batch, which start together)
+// starts now. It runs on the item's lane right before the handler; the
 // driver returns at once (it records asynchronously) except for a message
 // whose earlier lease was lost before its start was recorded, which it
 // records first (see driver.StartRecorder). A failure is logged and the
-// handler runs anyway: at worst a lost lease then counts no attempt for this
-// run, and the driver bounds that.
-func (s *Subscriber) started(ctx context.Context, it *item) {
-	if r, ok := s.drv.(driver.StartRecorder); ok {
-		s.recordStarted(ctx, r, []*driver.Message{it.m})
-	}
-}
-
-// startedBatch is started for the members of a batch, which start together.
-func (s *Subscriber) startedBatch(ctx context.Context, run []*item) {
+// handler runs anyway: at worst a lost lease then counts no attempt for
+// this run, and the driver bounds that.
+func (s *Subscriber) started(ctx context.Context, run []*item) {
 	r, ok := s.drv.(driver.StartRecorder)
 	if !ok {
 		return

@@ -179,9 +179,13 @@ func (s *Subscriber) Run(ctx context.Context, h HandlerFunc) error {
 	for i := len(s.cfg.Middleware) - 1; i >= 0; i-- {
 		h = s.cfg.Middleware[i](h)
 	}
-	return s.run(ctx, func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
+	pool, err := lanes.New(s.lanesConfig(), func(ctx context.Context, key string, keyed bool, it *item) lanes.Result {
 		return s.handle(ctx, h, it)
-	}, false)
+	})
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, pool, nil)
 }
 
 // begin marks the Subscriber running (Run and RunBatch may be called once,
@@ -196,11 +200,10 @@ func (s *Subscriber) begin() error {
 	return nil
 }
 
-// run is the lifecycle Run and RunBatch share; handler runs each lane item
-// (a message, or under batched a batch of one key's messages).
-func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batched bool) error {
-	defer close(s.done)
-	pool, err := lanes.New(&lanes.Config{
+// lanesConfig is the configuration of the lanes Run and RunBatch run items
+// on.
+func (s *Subscriber) lanesConfig() *lanes.Config {
+	return &lanes.Config{
 		Workers:  s.cfg.Workers,
 		Assign:   s.cfg.Assign,
 		Ordering: s.caps.Ordering,
@@ -211,10 +214,14 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 		// Fairness: see fairness.go.
 		Fair:       s.cfg.FairnessKey != nil,
 		FairWeight: s.cfg.FairnessWeight,
-	}, handler)
-	if err != nil {
-		return err
 	}
+}
+
+// run is the lifecycle Run and RunBatch share: under Run pool runs each
+// received message as a lane item of its own; under RunBatch (pool nil)
+// bpool runs the batches of one key's messages the batcher makes.
+func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *lanes.Pool[*batch]) error {
+	defer close(s.done)
 	rctx, stopReceiving := context.WithCancel(ctx)
 	defer stopReceiving()
 	go func() {
@@ -231,8 +238,8 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 	ackDone := make(chan struct{})
 	go s.acker(ackDone)
 
-	if batched {
-		s.batcher = newBatcher(s, pool, rctx)
+	if bpool != nil {
+		s.batcher = newBatcher(s, bpool, rctx)
 	}
 	runErr := s.pump(rctx, pool)
 	var unbatched []*item // open batches, never handed to the lanes
@@ -258,9 +265,14 @@ func (s *Subscriber) run(ctx context.Context, handler lanes.Handler[*item], batc
 		s.drain(sctx)
 	}
 	s.closing.Store(true)
-	leftover, _ := pool.Close(sctx)
+	var leftover []*item
+	if bpool != nil {
+		bs, _ := bpool.Close(sctx)
+		leftover = append(unbatch(bs), unbatched...)
+	} else {
+		leftover, _ = pool.Close(sctx)
+	}
 	cancel()
-	leftover = append(unbatch(leftover), unbatched...)
 	if len(leftover) > 0 {
 		live := leftover[:0]
 		for _, it := range leftover {

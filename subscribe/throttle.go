@@ -142,16 +142,11 @@ func (t *throttleState) sweep(now time.Time) {
 	t.sweepAt = max(throttleSpareMin, 2*len(t.buckets))
 }
 
-// throttle returns a lanes.Result that makes it wait for its buckets, or
-// false when it may run now (its tokens taken).
-func (s *Subscriber) throttle(it *item) (lanes.Result, bool) {
-	return s.throttleN(it, 1)
-}
-
-// throttleN is throttle for a batch of n messages headed by it: the batch
-// draws n tokens (at most each bucket's Burst) from the buckets of its
-// first message.
-func (s *Subscriber) throttleN(it *item, n int) (lanes.Result, bool) {
+// throttle returns a lanes.Result that makes the run of n messages headed
+// by it (one under Run, a batch under RunBatch) wait for its buckets, or
+// false when it may run now (its tokens taken): a run draws n tokens (at
+// most each bucket's Burst) from the buckets of its first message.
+func (s *Subscriber) throttle(it *item, n int) (lanes.Result, bool) {
 	if s.throttles == nil {
 		return lanes.Result{}, false
 	}
