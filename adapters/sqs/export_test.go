@@ -1,5 +1,12 @@
 package sqs
 
+import (
+	"context"
+	"net/url"
+
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+)
+
 // The drivers, for this package's tests: they exercise the driver contract
 // directly (Receive, Ack, ...), which applications reach only through
 // publish and subscribe.
@@ -16,3 +23,12 @@ var OpenTopicDriver = openTopic
 // OpenSubscriptionDriver opens the subscription driver (see
 // OpenSubscription).
 var OpenSubscriptionDriver = openSubscription
+
+// URLClient returns the client the URL opener builds for u.
+func URLClient(ctx context.Context, u *url.URL) (*awssqs.Client, error) {
+	c, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return c.client(ctx, u)
+}

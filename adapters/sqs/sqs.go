@@ -205,6 +205,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -594,7 +596,8 @@ func errorCode(err error) keyorder.ErrorCode {
 // region and profile (see the package documentation).
 //
 // The client keeps the SDK's standard retryer (up to 3 attempts with
-// backoff on throttling, 5xx and network errors), because every call the
+// backoff on throttling, 5xx and network errors) without its client-side
+// retry quota, because every call the
 // driver makes is safe to repeat: a SendMessageBatch or SendMessage
 // repeated with the same MessageDeduplicationId is dropped by the FIFO
 // queue within its 5-minute deduplication window (publishes, requeues,
@@ -713,6 +716,12 @@ func (c *urlConfig) client(ctx context.Context, u *url.URL) (*sqs.Client, error)
 		if c.endpoint != "" {
 			o.BaseEndpoint = aws.String(c.endpoint)
 		}
+		// No client-side retry quota: the SDK's default retryer fails
+		// calls at their first attempt once a client-wide token bucket of
+		// retries is empty ("retry quota exceeded"), which turned a burst
+		// of connection resets (ElasticMQ under load) into publish errors;
+		// the portable layer bounds retries itself.
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) { so.RateLimiter = ratelimit.None })
 	}), nil
 }
 

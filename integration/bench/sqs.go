@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -23,7 +25,7 @@ import (
 // SQS settings shared by both sides.
 const (
 	sqsSenders   = 32 // goroutines sending (raw: each owns a share of the groups)
-	sqsReceivers = 16 // raw: goroutines receiving
+	sqsReceivers = 4 // raw: goroutines receiving
 )
 
 func sqsBackend(context.Context) (*backend, error) {
@@ -35,6 +37,13 @@ func sqsBackend(context.Context) (*backend, error) {
 		BaseEndpoint: aws.String(sqsURL),
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		// Both sides use the HTTP client the URL opener builds (idle
+		// connections for a thousand keys in flight; the SDK's default
+		// keeps 10 and opens and closes the rest, which ElasticMQ
+		// answered with connection resets under load) and no client-side
+		// retry quota (which turned those resets into failed runs).
+		HTTPClient: sqs.NewHTTPClient(),
+		Retryer:    retry.NewStandard(func(o *retry.StandardOptions) { o.RateLimiter = ratelimit.None }),
 	})
 	opts := &sqs.Options{Ordering: policy.Ordered, WaitTime: time.Second, Logger: quiet()}
 	factory := func(opts *sqs.Options) koFactory {
