@@ -27,6 +27,9 @@
 # builds the SDKs into the build cache (a minute or two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go.work's toolchain line chooses the Go release (GOTOOLCHAIN=auto; a
+# machine's GOTOOLCHAIN=local would ignore it); KEYORDER_GOTOOLCHAIN overrides.
+export GOTOOLCHAIN=${KEYORDER_GOTOOLCHAIN:-auto}
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
