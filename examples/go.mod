@@ -2,6 +2,8 @@ module github.com/keyorder/keyorder/examples
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ..
 
 replace github.com/keyorder/keyorder/adapters/postgres => ../adapters/postgres
@@ -19,13 +21,13 @@ replace github.com/keyorder/keyorder/otelkeyorder => ../otelkeyorder
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/apache/pulsar-client-go v0.19.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/postgres v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pubsub v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pulsar v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/sqs v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/watermill v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/otelkeyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
+	github.com/keyorder/keyorder/adapters/postgres v0.1.0
+	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
+	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
+	github.com/keyorder/keyorder/adapters/sqs v0.1.0
+	github.com/keyorder/keyorder/adapters/watermill v0.1.0
+	github.com/keyorder/keyorder/otelkeyorder v0.1.0
 	go.opentelemetry.io/otel/exporters/stdout/stdoutmetric v1.47.0
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

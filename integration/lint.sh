@@ -10,6 +10,9 @@
 # it); staticcheck itself reports such a directive once it matches nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go.work's toolchain line chooses the Go release (GOTOOLCHAIN=auto; a
+# machine's GOTOOLCHAIN=local would ignore it); KEYORDER_GOTOOLCHAIN overrides.
+export GOTOOLCHAIN=${KEYORDER_GOTOOLCHAIN:-auto}
 
 STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 

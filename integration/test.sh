@@ -17,16 +17,28 @@
 # KEYORDER_FUZZTIME (per fuzz target, default 5000x executions; 0 skips fuzzing),
 # KEYORDER_SKIP_CHECKS=1 (skip the static checks below; ignored when CI=true).
 # Before any test, integration/lint.sh (staticcheck) and
-# integration/vulncheck.sh (govulncheck) check every module; either failing
-# fails the run before a server starts.
+# integration/vulncheck.sh (govulncheck) check every module,
+# integration/release.sh checks that the release about to be tagged installs
+# and builds without go.work (a module proxy of the working tree), and the
+# root module's tests run under the other supported Go release
+# (KEYORDER_GO_NEXT, default go1.27.4; no servers: about a minute warm);
+# any of them failing fails the run before a server starts.
+# GOTOOLCHAIN=auto (KEYORDER_GOTOOLCHAIN overrides it) lets go.work's toolchain
+# line choose the Go release, the newest patch of the oldest supported
+# release, which a machine's GOTOOLCHAIN=local would ignore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=${KEYORDER_GOTOOLCHAIN:-auto}
 
 if [ "${CI:-}" = true ] || [ "${KEYORDER_SKIP_CHECKS:-}" != 1 ]; then
 	./integration/lint.sh
 	./integration/vulncheck.sh
+	./integration/release.sh
+	go_next=${KEYORDER_GO_NEXT:-go1.27.4}
+	echo "test.sh: the root module's tests under $go_next" >&2
+	GOTOOLCHAIN=$go_next go test -count=1 ./...
 else
-	echo "test.sh: KEYORDER_SKIP_CHECKS=1: staticcheck and govulncheck skipped" >&2
+	echo "test.sh: KEYORDER_SKIP_CHECKS=1: staticcheck, govulncheck, the release check and the ${KEYORDER_GO_NEXT:-go1.27.4} tests skipped" >&2
 fi
 
 # Build the launcher and exec it, so that signals sent to this script (Ctrl-C,

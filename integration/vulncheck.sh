@@ -19,6 +19,10 @@
 # allowlisted one is no longer found (remove it then, so the list stays true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go.work's toolchain line chooses the Go release (GOTOOLCHAIN=auto; a
+# machine's GOTOOLCHAIN=local would ignore it), so the standard library
+# scanned is that patch release's; KEYORDER_GOTOOLCHAIN overrides.
+export GOTOOLCHAIN=${KEYORDER_GOTOOLCHAIN:-auto}
 
 GOVULNCHECK=golang.org/x/vuln/cmd/govulncheck@v1.9.0
 VULNDB_VERSION=v0.0.0-20261105234957-e22db6528018

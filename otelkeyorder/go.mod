@@ -2,10 +2,12 @@ module github.com/keyorder/keyorder/otelkeyorder
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ..
 
 require (
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

@@ -2,11 +2,13 @@ module github.com/keyorder/keyorder/adapters/postgres
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ../..
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
 )
 
 require (

@@ -2,11 +2,13 @@ module github.com/keyorder/keyorder/adapters/pubsub
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ../..
 
 require (
 	cloud.google.com/go/pubsub/v2 v2.9.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
 	google.golang.org/api v0.315.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

@@ -2,11 +2,13 @@ module github.com/keyorder/keyorder/adapters/pulsar
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ../..
 
 require (
 	github.com/apache/pulsar-client-go v0.19.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
 )
 
 require (

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/keyorder/keyorder"
+	_ "github.com/keyorder/keyorder/adapters/memory" // the mem:// scheme these tests use
 	wmk "github.com/keyorder/keyorder/adapters/watermill"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"

@@ -2,17 +2,19 @@ module github.com/keyorder/keyorder/cmd/keyorder
 
 go 1.26.0
 
+toolchain go1.26.11
+
 // No replace directives here, unlike the library modules: `go install
 // github.com/keyorder/keyorder/cmd/keyorder@version` refuses a module that has
 // them. In this checkout go.work resolves the keyorder modules; a release
 // pins their tagged versions below.
 
 require (
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/postgres v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pubsub v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pulsar v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/sqs v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
+	github.com/keyorder/keyorder/adapters/postgres v0.1.0
+	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
+	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
+	github.com/keyorder/keyorder/adapters/sqs v0.1.0
 )
 
 require (

@@ -2,6 +2,8 @@ module github.com/keyorder/keyorder/integration/bench
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ../..
 
 require (
@@ -13,11 +15,11 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/postgres v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pubsub v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/pulsar v0.0.0-00010101000000-000000000000
-	github.com/keyorder/keyorder/adapters/sqs v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
+	github.com/keyorder/keyorder/adapters/postgres v0.1.0
+	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
+	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
+	github.com/keyorder/keyorder/adapters/sqs v0.1.0
 	github.com/prometheus/client_golang v1.23.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2

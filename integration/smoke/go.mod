@@ -2,6 +2,8 @@ module github.com/keyorder/keyorder/integration/smoke
 
 go 1.26.0
 
+toolchain go1.26.11
+
 replace github.com/keyorder/keyorder => ../..
 
 require (
@@ -11,7 +13,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/keyorder/keyorder v0.0.0-00010101000000-000000000000
+	github.com/keyorder/keyorder v0.1.0
 )
 
 require (

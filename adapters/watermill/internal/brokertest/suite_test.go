@@ -1,4 +1,4 @@
-package watermill_test
+package brokertest_test
 
 import (
 	"fmt"
