@@ -1,5 +1,7 @@
 package postgres
 
+import "github.com/jackc/pgx/v5"
+
 // The drivers, for this package's tests: they exercise the driver contract
 // directly (Receive, Ack, ...), which applications reach only through
 // publish and subscribe.
@@ -9,6 +11,13 @@ type Topic = pgTopic
 
 // Subscription is the subscription driver.
 type Subscription = pgSubscription
+
+// SQLAck is the acknowledging statement, for plan tests; Expand puts the
+// schema in.
+const SQLAck = sqlAck
+
+// Expand replaces {{schema}} in a statement with the quoted schema name.
+func Expand(sql, schema string) string { return expand(sql, pgx.Identifier{schema}.Sanitize()) }
 
 // OpenTopicDriver opens the topic driver (see OpenTopic).
 var OpenTopicDriver = openTopic

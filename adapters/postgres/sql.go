@@ -118,8 +118,18 @@ WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND clai
 // Two subscriptions acking one message at the same instant may each still
 // see the other's delivery and both keep the body; Admin.Purge collects
 // those.
+//
+// The ids go through ARRAY(SELECT unnest(...)), which the planner cannot
+// see into: it plans for a few ids and looks each one up in the primary
+// key, then each body in messages_pkey. Given the array itself (a custom
+// plan, which PostgreSQL uses for a statement's first executions and an
+// unnamed statement's every one) it weighs a thousand lookups against
+// scanning the subscription's deliveries and picked the scan — every
+// delivery of the subscription read per ack — and, with fresh statistics,
+// a nested loop of every message against the acked rows: 10 s for 1,000
+// ids over 100,000 messages instead of 3 ms (TestAckPlanLooksUpIDs).
 const sqlAck = `
-WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY($2::bigint[]) RETURNING id)
+WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY(ARRAY(SELECT unnest($2::bigint[]))) RETURNING id)
 DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
 AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
     WHERE x.sub_id = ANY (ARRAY(SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $3 AND id <> $1))

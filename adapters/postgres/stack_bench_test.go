@@ -44,6 +44,7 @@ func BenchmarkStackOrdered(b *testing.B) {
 			var handled atomic.Int64
 			done := make(chan struct{})
 			n := int64(b.N)
+			cpu := startCPU(e)
 			b.ResetTimer()
 			start := time.Now()
 			var subs []*subscribe.Subscriber
@@ -67,6 +68,7 @@ func BenchmarkStackOrdered(b *testing.B) {
 				b.Fatalf("handled %d of %d", handled.Load(), n)
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+			cpu.report(b, b.N)
 			b.StopTimer()
 			for _, s := range subs {
 				s.Close(ctx)

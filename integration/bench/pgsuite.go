@@ -35,6 +35,7 @@ type config struct {
 	only       string
 	backlogBig int
 	rounds     int
+	srv        serverCPU // set by pgSuite
 }
 
 // pgSuite runs the PostgreSQL suite: keyorder's driver against River and
@@ -49,6 +50,7 @@ func pgSuite(ctx context.Context, c config) {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	c.srv = newServerCPU(ctx, pool)
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
 	fmt.Printf("bench: PostgreSQL %s, %d messages of %d bytes, publish batches of %d, median of %d runs each\n\n",

@@ -174,10 +174,15 @@ func benchKeyorder(ctx context.Context, pool *pgxpool.Pool, c config, ordering s
 		return 0, 0, err
 	}
 	defer e.close(ctx)
+	what := fmt.Sprintf("%s, %d keys, %d", ordering, keys, n)
+	cpu := c.srv.start()
 	if pub, err = e.publish(ctx, c, keys, n); err != nil {
 		return 0, 0, err
 	}
+	cpu.report("keyorder", "publish "+what, n)
+	cpu = c.srv.start()
 	con, err = e.consume(ctx, c, n, ordering == "ordered")
+	cpu.report("keyorder", "consume "+what, n)
 	return pub, con, err
 }
 

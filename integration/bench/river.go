@@ -59,6 +59,7 @@ func benchRiver(ctx context.Context, pool *pgxpool.Pool, c config) (ins, work fl
 		return 0, 0, err
 	}
 	payload := make([]byte, c.size)
+	cpu := c.srv.start()
 	start := time.Now()
 	for i := 0; i < c.n; i += c.batch {
 		params := make([]river.InsertManyParams, 0, c.batch)
@@ -70,7 +71,9 @@ func benchRiver(ctx context.Context, pool *pgxpool.Pool, c config) (ins, work fl
 		}
 	}
 	ins = float64(c.n) / time.Since(start).Seconds()
+	cpu.report("river", "insert (InsertMany)", c.n)
 
+	cpu = c.srv.start()
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
 		return 0, 0, err
@@ -86,6 +89,7 @@ func benchRiver(ctx context.Context, pool *pgxpool.Pool, c config) (ins, work fl
 		}
 	}
 	work = float64(c.n) / time.Since(start).Seconds()
+	cpu.report("river", "work", c.n)
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_ = client.Stop(stopCtx)

@@ -49,6 +49,7 @@ func benchWatermill(ctx context.Context, pool *pgxpool.Pool, c config) (pub, con
 	// The default schema stores the payload as JSON: a JSON string of
 	// c.size bytes.
 	payload := []byte(`"` + strings.Repeat("x", c.size-2) + `"`)
+	cpu := c.srv.start()
 	start := time.Now()
 	for i := 0; i < c.n; i += c.batch {
 		var ms []*message.Message
@@ -60,9 +61,11 @@ func benchWatermill(ctx context.Context, pool *pgxpool.Pool, c config) (pub, con
 		}
 	}
 	pub = float64(c.n) / time.Since(start).Seconds()
+	cpu.report("watermill-sql", "publish (batched)", c.n)
 
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
+	cpu = c.srv.start()
 	start = time.Now()
 	ch, err := subscriber.Subscribe(cctx, topic)
 	if err != nil {
@@ -77,5 +80,6 @@ func benchWatermill(ctx context.Context, pool *pgxpool.Pool, c config) (pub, con
 		}
 	}
 	con = float64(c.n) / time.Since(start).Seconds()
+	cpu.report("watermill-sql", "consume", c.n)
 	return pub, con, nil
 }
