@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs keyorder's test suite against real servers: PostgreSQL, Google's Pub/Sub
-# emulator, ElasticMQ (SQS) and a Pulsar standalone broker, all started on
-# 127.0.0.1 by integration/cmd/testenv and stopped again when the tests end.
+# emulator, ElasticMQ (SQS), a Pulsar standalone broker and a Kafka broker
+# (KRaft), all started on 127.0.0.1 by integration/cmd/testenv and stopped
+# again when the tests end.
 # Extra arguments go to `go test`, e.g. ./integration/test.sh -run TestPulsar -v
 # Packages run one at a time (-p 1): the real-server suites measure time in
 # units of 250ms and two of them at once on 2 cores made them flaky.

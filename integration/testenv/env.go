@@ -48,6 +48,7 @@ var Starters = map[string]StartFunc{
 	PubSub:   StartPubSub,
 	SQS:      StartSQS,
 	Pulsar:   StartPulsar,
+	Kafka:    StartKafka,
 }
 
 // Env is a set of running servers.
@@ -185,6 +186,7 @@ func merge(a, b Settings) Settings {
 		SQSEndpoint:        pick(a.SQSEndpoint, b.SQSEndpoint),
 		PulsarURL:          pick(a.PulsarURL, b.PulsarURL),
 		PulsarAdminURL:     pick(a.PulsarAdminURL, b.PulsarAdminURL),
+		KafkaBrokers:       pick(a.KafkaBrokers, b.KafkaBrokers),
 	}
 }
 

@@ -1,5 +1,6 @@
 // Package testenv gives keyorder's tests real servers: PostgreSQL 15, Google's
-// Pub/Sub emulator, ElasticMQ (SQS FIFO) and an Apache Pulsar standalone broker.
+// Pub/Sub emulator, ElasticMQ (SQS FIFO), an Apache Pulsar standalone broker and
+// an Apache Kafka broker in KRaft mode.
 //
 // Tests call Require to get a server's connection setting. The settings come from
 // environment variables, which the launcher (integration/cmd/testenv) exports
@@ -35,6 +36,9 @@ const (
 	EnvPulsarURL = "KEYORDER_PULSAR_URL"
 	// EnvPulsarAdminURL is the http:// URL of the broker's admin (web) service.
 	EnvPulsarAdminURL = "KEYORDER_PULSAR_ADMIN_URL"
+	// EnvKafkaBrokers is the comma-separated host:port list of the Kafka
+	// brokers (bootstrap servers); the launcher starts one, e.g. 127.0.0.1:9092.
+	EnvKafkaBrokers = "KEYORDER_KAFKA_BROKERS"
 
 	// EnvTestEnv is set to 1 by the launcher when it started every server, so a
 	// test that finds its server's variable missing fails instead of skipping.
@@ -44,7 +48,7 @@ const (
 )
 
 // SettingVars lists the environment variables that carry settings.
-var SettingVars = []string{EnvPostgresURL, EnvPubSubEmulatorHost, EnvSQSEndpoint, EnvPulsarURL, EnvPulsarAdminURL}
+var SettingVars = []string{EnvPostgresURL, EnvPubSubEmulatorHost, EnvSQSEndpoint, EnvPulsarURL, EnvPulsarAdminURL, EnvKafkaBrokers}
 
 // Server names accepted by Require and by the launcher's --only flag.
 const (
@@ -53,10 +57,11 @@ const (
 	SQS         = "sqs"
 	Pulsar      = "pulsar"
 	PulsarAdmin = "pulsar-admin" // Require only: the admin URL of the Pulsar server
+	Kafka       = "kafka"
 )
 
 // AllServers lists the servers the launcher starts by default.
-var AllServers = []string{Postgres, PubSub, SQS, Pulsar}
+var AllServers = []string{Postgres, PubSub, SQS, Pulsar, Kafka}
 
 // Settings are the connection settings of the running servers. An empty field
 // means that server is not running.
@@ -66,6 +71,7 @@ type Settings struct {
 	SQSEndpoint        string // KEYORDER_SQS_ENDPOINT
 	PulsarURL          string // KEYORDER_PULSAR_URL
 	PulsarAdminURL     string // KEYORDER_PULSAR_ADMIN_URL
+	KafkaBrokers       string // KEYORDER_KAFKA_BROKERS
 }
 
 // FromEnv reads the settings from the environment.
@@ -76,6 +82,7 @@ func FromEnv() Settings {
 		SQSEndpoint:        os.Getenv(EnvSQSEndpoint),
 		PulsarURL:          os.Getenv(EnvPulsarURL),
 		PulsarAdminURL:     os.Getenv(EnvPulsarAdminURL),
+		KafkaBrokers:       os.Getenv(EnvKafkaBrokers),
 	}
 }
 
@@ -93,6 +100,7 @@ func (s Settings) Vars() [][2]string {
 	add(EnvSQSEndpoint, s.SQSEndpoint)
 	add(EnvPulsarURL, s.PulsarURL)
 	add(EnvPulsarAdminURL, s.PulsarAdminURL)
+	add(EnvKafkaBrokers, s.KafkaBrokers)
 	return out
 }
 
@@ -118,13 +126,15 @@ func envVar(server string) (string, bool) {
 		return EnvPulsarURL, true
 	case PulsarAdmin:
 		return EnvPulsarAdminURL, true
+	case Kafka:
+		return EnvKafkaBrokers, true
 	}
 	return "", false
 }
 
 // Require returns the connection setting of server ("postgres", "pubsub",
-// "sqs", "pulsar", or "pulsar-admin" for Pulsar's admin URL) from its
-// environment variable.
+// "sqs", "pulsar", "pulsar-admin" for Pulsar's admin URL, or "kafka" for the
+// Kafka bootstrap servers) from its environment variable.
 //
 // When the variable is not set, the test is skipped with a message that says
 // how to run it with servers, unless CI=true or KEYORDER_TESTENV=1 (set by the
@@ -133,8 +143,8 @@ func Require(t testing.TB, server string) string {
 	t.Helper()
 	name, ok := envVar(server)
 	if !ok {
-		t.Fatalf("testenv.Require: unknown server %q (want one of %s, %s, %s, %s, %s)",
-			server, Postgres, PubSub, SQS, Pulsar, PulsarAdmin)
+		t.Fatalf("testenv.Require: unknown server %q (want one of %s, %s, %s, %s, %s, %s)",
+			server, Postgres, PubSub, SQS, Pulsar, PulsarAdmin, Kafka)
 		return ""
 	}
 	if v := os.Getenv(name); v != "" {

@@ -1,8 +1,9 @@
 // Command testenv starts the real servers keyorder's tests run against —
-// PostgreSQL, Google's Pub/Sub emulator, ElasticMQ (SQS) and a Pulsar
-// standalone broker — on 127.0.0.1, and stops them again.
+// PostgreSQL, Google's Pub/Sub emulator, ElasticMQ (SQS), a Pulsar
+// standalone broker and a Kafka broker (KRaft) — on 127.0.0.1, and stops them
+// again.
 //
-//	testenv run [--only postgres,pubsub,sqs,pulsar] [--keep] -- <command...>
+//	testenv run [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] -- <command...>
 //	    Start the servers, run the command with their settings in its
 //	    environment (plus KEYORDER_TESTENV=1 when all servers run), stop the
 //	    servers when it ends (also on failure, SIGINT or SIGTERM) and exit with
@@ -34,11 +35,13 @@ import (
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  testenv run [--only postgres,pubsub,sqs,pulsar] [--keep] [--start-timeout D] -- <command...>
-  testenv up  [--only postgres,pubsub,sqs,pulsar] [--keep] [--start-timeout D]
+  testenv run [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] [--start-timeout D] -- <command...>
+  testenv up  [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] [--start-timeout D]
 
 Servers: postgres (PostgreSQL), pubsub (Google's Pub/Sub emulator),
-sqs (ElasticMQ), pulsar (Pulsar standalone). Default: all.
+sqs (ElasticMQ), pulsar (Pulsar standalone), kafka (Kafka broker and
+controller in one KRaft node; KEYORDER_KAFKA_BROKERS=127.0.0.1:PORT).
+Default: all.
 Extra Maven arguments can be given in KEYORDER_MVN_ARGS.
 `)
 }
