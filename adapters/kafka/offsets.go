@@ -139,7 +139,10 @@ func (m *offsetMap) advance() bool {
 		m.runs-- // the front run is gone
 		if m.head == len(m.q) {
 			m.q, m.head = m.q[:0], 0
-		} else if m.head > 1024 && m.head > len(m.q)/2 {
+		} else {
+			m.base = m.q[m.head].off // offsets in between do not exist
+		}
+		if m.head > 1024 && m.head > len(m.q)/2 {
 			m.q = append(m.q[:0], m.q[m.head:]...)
 			m.head = 0
 		}

@@ -171,9 +171,9 @@ type subscriptionDriver struct {
 	mu     sync.Mutex
 	closed bool
 	gen    *generation
-	rr     int            // round-robin start over partitions
-	wake   func()         // cancels a blocked poll (backpressure lifted)
-	notify chan struct{}  // closed and replaced when records settle
+	rr     int           // round-robin start over partitions
+	wake   func()        // cancels a blocked poll (backpressure lifted)
+	notify chan struct{} // closed and replaced when records settle
 	live   map[*delivery]struct{}
 
 	commitMu sync.Mutex
@@ -379,10 +379,20 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 			t.Stop()
 		}
 	}
+	// What is still in flight goes to the partitions' new owners; a
+	// record whose handler started may have been running: its attempt
+	// counts.
 	s.mu.Lock()
 	n := 0
+	extra := map[*partState]map[int64]int{}
 	for d := range s.live {
 		if slices.Contains(states, d.ps) {
+			if d.started.Load() {
+				if extra[d.ps] == nil {
+					extra[d.ps] = map[int64]int{}
+				}
+				extra[d.ps][d.off] = d.prior + 1
+			}
 			d.lost = true
 			delete(s.live, d)
 			n++
@@ -395,7 +405,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	}
 	if graceful {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(cctx, g, states, nil); err != nil {
+		if err := s.commit(cctx, g, states, extra); err != nil {
 			s.opts.Logger.Warn("keyorder: kafka: commit on revocation failed; records may be redelivered",
 				"topic", s.topic, "group", s.group, "err", err)
 		}
