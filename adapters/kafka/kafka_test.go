@@ -1,0 +1,195 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters/kafka"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// send publishes payloads of key through the topic driver, in order.
+func send(ctx context.Context, t *testing.T, tp driver.Topic, key string, payloads ...string) {
+	t.Helper()
+	var ms []*driver.Message
+	for _, p := range payloads {
+		ms = append(ms, &driver.Message{ID: p, Key: key, Payload: []byte(p)})
+	}
+	if err := tp.SendBatch(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// receiveN receives until it has n messages (or fails the test).
+func receiveN(ctx context.Context, t *testing.T, s driver.Subscription, n int) []*driver.Message {
+	t.Helper()
+	var out []*driver.Message
+	for len(out) < n {
+		ms, err := s.Receive(ctx, n-len(out))
+		if err != nil {
+			t.Fatalf("receive after %v: %v", payloads(out), err)
+		}
+		out = append(out, ms...)
+	}
+	return out
+}
+
+func payloads(ms []*driver.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, string(m.Payload))
+	}
+	return out
+}
+
+// nothingWithin reports what s receives within d (nothing, expected).
+func nothingWithin(ctx context.Context, s driver.Subscription, d time.Duration) []*driver.Message {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	ms, _ := s.Receive(ctx, 100)
+	return ms
+}
+
+// TestRestartRedeliversOnlyIncomplete: a member completes records out of
+// order (2, 3 and 5 of 0..5) and closes; the next member of the group
+// receives exactly the incomplete ones (0, 1, 4), because the completed
+// ones above the committed offset travel in the commit metadata.
+func TestRestartRedeliversOnlyIncomplete(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 1)
+	tp, err := kafka.OpenTopicDriver(ctx, cl, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(ctx, t, tp, "A", "a0", "a1", "a2", "a3", "a4", "a5")
+	group := uniqueName("g")
+	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	s1, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := receiveN(ctx, t, s1, 6)
+	if got := payloads(ms); !slices.Equal(got, []string{"a0", "a1", "a2", "a3", "a4", "a5"}) {
+		t.Fatalf("received %v", got)
+	}
+	if err := s1.Ack(ctx, []*driver.Message{ms[2], ms[3], ms[5]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Release(ctx, []*driver.Message{ms[0], ms[1], ms[4]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What the group committed: offset 0 and the done offsets above it.
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := offs.Lookup(topicName, 0)
+	t.Logf("committed offset %d, metadata %q", o.At, o.Metadata)
+	if o.At != 0 || !strings.HasPrefix(o.Metadata, "ko1.") {
+		t.Errorf("committed %d %q, want offset 0 with the driver's metadata", o.At, o.Metadata)
+	}
+	s2, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	ms = receiveN(ctx, t, s2, 3)
+	if got := payloads(ms); !slices.Equal(got, []string{"a0", "a1", "a4"}) {
+		t.Fatalf("after the restart received %v, want a0 a1 a4 (a2 a3 a5 completed)", got)
+	}
+	if extra := nothingWithin(ctx, s2, time.Second); len(extra) > 0 {
+		t.Fatalf("then received %v, want nothing", payloads(extra))
+	}
+	if err := s2.Ack(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBackpressure: a partition with MaxPending records outstanding above
+// its committed offset hands out no more until the offset moves; the
+// first record completing lets the next ones through.
+func TestBackpressure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 1)
+	tp, err := kafka.OpenTopicDriver(ctx, cl, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for i := range 10 {
+		all = append(all, fmt.Sprintf("m%d", i))
+	}
+	for i, p := range all {
+		send(ctx, t, tp, fmt.Sprint("k", i), p)
+	}
+	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts.MaxPending = 4
+	s, err := kafka.OpenSubscriptionDriver(ctx, topicName, uniqueName("g"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ms := receiveN(ctx, t, s, 4)
+	if extra := nothingWithin(ctx, s, time.Second); len(extra) > 0 {
+		t.Fatalf("with 4 pending received %v more", payloads(extra))
+	}
+	// Completing m1..m3 does not move the committed offset (m0 is
+	// pending): still nothing.
+	if err := s.Ack(ctx, ms[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if extra := nothingWithin(ctx, s, time.Second); len(extra) > 0 {
+		t.Fatalf("with m0 pending received %v", payloads(extra))
+	}
+	if err := s.Ack(ctx, ms[:1]); err != nil {
+		t.Fatal(err)
+	}
+	more := receiveN(ctx, t, s, 4)
+	if got := payloads(more); !slices.Equal(got, all[4:8]) {
+		t.Fatalf("after m0 completed received %v, want %v", got, all[4:8])
+	}
+}
+
+// TestLimits: what the limits accept is sent; a payload over them is
+// refused before anything is sent, with a LimitError.
+func TestLimits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 1)
+	pub, err := kafka.OpenTopic(ctx, cl, topicName, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	l := pub.Limits()
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, l.MaxPayloadBytes)}); err != nil {
+		t.Fatalf("payload of MaxPayloadBytes (%d): %v", l.MaxPayloadBytes, err)
+	}
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, l.MaxPayloadBytes+1)})
+	var le *keyorder.LimitError
+	if !errors.As(err, &le) {
+		t.Fatalf("payload over the limit: %v, want a LimitError", err)
+	}
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x"), Headers: map[string]string{"keyorder-id": "x"}})
+	if !errors.As(err, &le) {
+		t.Fatalf("reserved header: %v, want a LimitError", err)
+	}
+}
