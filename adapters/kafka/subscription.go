@@ -161,20 +161,20 @@ type position struct {
 // subscriptionDriver is the driver.Subscription driver of one member of a
 // Kafka consumer group.
 type subscriptionDriver struct {
-	seeds     []kgo.Opt
 	topic     string
 	group     string
 	deadTopic string
 	opts      SubscriptionOptions
 	topicID   [16]byte
 
-	mu     sync.Mutex
-	closed bool
-	gen    *generation
-	rr     int           // round-robin start over partitions
-	wake   func()        // cancels a blocked poll (backpressure lifted)
-	notify chan struct{} // closed and replaced when records settle
-	live   map[*delivery]struct{}
+	mu      sync.Mutex
+	closed  bool
+	gen     *generation
+	rr      int           // round-robin start over partitions
+	wake    func()        // cancels a blocked poll (backpressure lifted)
+	notify  chan struct{} // closed and replaced when records settle
+	waiting int           // revocations waiting on notify
+	live    map[*delivery]struct{}
 
 	commitMu sync.Mutex
 	prodOnce sync.Once
@@ -313,8 +313,12 @@ func (s *subscriptionDriver) fetched(g *generation, resp *kmsg.OffsetFetchRespon
 	}
 }
 
-// signal wakes revocations waiting for records to settle.
+// signal wakes revocations waiting for records to settle. Called with
+// s.mu held.
 func (s *subscriptionDriver) signal() {
+	if s.waiting == 0 {
+		return
+	}
 	close(s.notify)
 	s.notify = make(chan struct{})
 }
@@ -348,6 +352,14 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 		g.cl.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
 	}
 	if graceful {
+		s.mu.Lock()
+		s.waiting++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.waiting--
+			s.mu.Unlock()
+		}()
 		deadline := time.Now().Add(s.opts.RevokeTimeout)
 		for {
 			s.mu.Lock()
