@@ -16,6 +16,8 @@ import (
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration"
 	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
 )
 
 // send publishes payloads of key through the topic driver, in order.
@@ -192,4 +194,64 @@ func TestLimits(t *testing.T) {
 	if !errors.As(err, &le) {
 		t.Fatalf("reserved header: %v, want a LimitError", err)
 	}
+}
+
+// TestURLRoundTrip: publish.Open and subscribe.Open of kafka:// URLs reach
+// the broker; the key and headers survive; a permanent failure lands in
+// <topic>.<group>.dead and is listed.
+func TestURLRoundTrip(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 2)
+	base := "kafka://" + strings.Join(brokers(t), ",") + "/" + topicName
+	pub, err := publish.Open(ctx, base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	for _, p := range []string{"ok", "bad"} {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "K", Payload: []byte(p), Headers: map[string]string{"h": p}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := subscribe.Open(ctx, base+"?group="+uniqueName("g")+"&session_timeout=6s", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	got := make(chan string, 10)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(_ context.Context, d *keyorder.Delivery) error {
+			got <- fmt.Sprintf("%s:%s:%s", d.Key, d.Payload, d.Headers["h"])
+			if string(d.Payload) == "bad" {
+				return keyorder.Permanent(errors.New("bad record"))
+			}
+			return nil
+		})
+	}()
+	for _, want := range []string{"K:ok:ok", "K:bad:bad"} {
+		select {
+		case g := <-got:
+			if g != want {
+				t.Fatalf("handled %s, want %s", g, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", want, ctx.Err())
+		}
+	}
+	var dls []keyorder.DeadLetter
+	for ctx.Err() == nil {
+		if dls, err = sub.DeadLetters(ctx, 0); err == nil && len(dls) == 1 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(dls) != 1 || string(dls[0].Message.Payload) != "bad" || !strings.Contains(dls[0].Reason, "bad record") {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	stop()
+	<-done
 }

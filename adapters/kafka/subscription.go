@@ -265,6 +265,9 @@ func (s *subscriptionDriver) assigned(g *generation, ps []int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range ps {
+		if st := g.parts[p]; st != nil && !st.revoking {
+			continue // still ours: keep what is in flight
+		}
 		g.parts[p] = &partState{p: p, gen: g, om: newOffsetMap(-1, ""), committed: -1}
 	}
 }

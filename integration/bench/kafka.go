@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,15 +30,39 @@ func kafkaBackend(context.Context) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	// create makes the topic and waits until every partition has a
+	// leader, so the publish phase does not time the topic's creation.
 	create := func(ctx context.Context, id string) error {
-		r, err := kadm.NewClient(admin).CreateTopic(ctx, kafkaPartitions, 1, nil, id)
+		adm := kadm.NewClient(admin)
+		r, err := adm.CreateTopic(ctx, kafkaPartitions, 1, nil, id)
 		if err == nil {
 			err = r.Err
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		for {
+			tds, err := adm.ListTopics(ctx, id)
+			if err == nil {
+				if td, ok := tds[id]; ok && td.Err == nil && len(td.Partitions) == kafkaPartitions {
+					ready := true
+					for _, p := range td.Partitions {
+						ready = ready && p.Leader >= 0 && p.Err == nil
+					}
+					if ready {
+						return nil
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 	}
 	drop := func(id string) {
-		_, _ = kadm.NewClient(admin).DeleteTopics(context.Background(), id, kafka.DeadLetterTopic(id, "bench"))
+		_, _ = kadm.NewClient(admin).DeleteTopics(context.Background(), id, kafka.DeadLetterTopic(id, "bench-"+id))
 	}
 	producer, err := kgo.NewClient(seeds)
 	if err != nil {
@@ -54,7 +79,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 				return kafka.OpenTopic(ctx, producer, id, nil, cfg)
 			},
 			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-				return kafka.OpenSubscription(ctx, id, "bench", sopts, cfg)
+				return kafka.OpenSubscription(ctx, id, "bench-"+id, sopts, cfg)
 			},
 			cleanup: func() { drop(id) },
 		}, nil
@@ -116,7 +141,7 @@ func (e *kafkaRaw) publish(ctx context.Context, w *workload) error {
 }
 
 func (e *kafkaRaw) consume(ctx context.Context, chk *orderCheck) error {
-	cl, err := kgo.NewClient(e.seeds, kgo.ConsumerGroup("bench"), kgo.ConsumeTopics(e.topic),
+	cl, err := kgo.NewClient(e.seeds, kgo.ConsumerGroup("bench-" + e.topic), kgo.ConsumeTopics(e.topic),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return err
