@@ -16,8 +16,11 @@ import (
 )
 
 // OpenTopic returns a Publisher on topic over client, a producing client
-// (franz-go's producer is idempotent by default; keep it so). The client
-// stays the caller's. cfg configures the Publisher (nil: defaults).
+// (franz-go's producer is idempotent by default; keep it so). Give the
+// client kgo.ProducerLinger(0): the publisher batches per key already, and
+// franz-go's default 10ms linger adds 10ms to each key's round trip (on
+// the benchmark, 200 keys, PublishBatch: 166k msgs/s without linger). The
+// client stays the caller's. cfg configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, client *kgo.Client, topic string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
 	t, err := openTopic(ctx, client, topic, opts)
 	if err != nil {

@@ -195,7 +195,10 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(append(p.client, kgo.DefaultProduceTopic(p.topic))...)
+	// No linger: the publisher batches per key already (one batch in
+	// flight, what queues behind it goes next); franz-go's 10ms default
+	// would add 10ms to each key's round trip.
+	cl, err := kgo.NewClient(append(p.client, kgo.DefaultProduceTopic(p.topic), kgo.ProducerLinger(0))...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
 	}

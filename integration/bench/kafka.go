@@ -69,6 +69,15 @@ func kafkaBackend(context.Context) (*backend, error) {
 		admin.Close()
 		return nil, err
 	}
+	// keyorder's producer does not linger: the publisher already batches
+	// per key (one batch in flight, what queues behind it goes next), and
+	// franz-go's 10ms default linger would add 10ms to every key's round.
+	koProducer, err := kgo.NewClient(seeds, kgo.ProducerLinger(0))
+	if err != nil {
+		admin.Close()
+		producer.Close()
+		return nil, err
+	}
 	f := func(ctx context.Context, id string) (*koDriver, error) {
 		if err := create(ctx, id); err != nil {
 			return nil, err
@@ -76,7 +85,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 		sopts := &kafka.SubscriptionOptions{Ordering: policy.Ordered, ClientOptions: []kgo.Opt{seeds}, Logger: quiet()}
 		return &koDriver{
 			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
-				return kafka.OpenTopic(ctx, producer, id, nil, cfg)
+				return kafka.OpenTopic(ctx, koProducer, id, nil, cfg)
 			},
 			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
 				return kafka.OpenSubscription(ctx, id, "bench-"+id, sopts, cfg)
@@ -92,9 +101,9 @@ func kafkaBackend(context.Context) (*backend, error) {
 	return &backend{
 		name:  "kafka",
 		title: "Kafka (KRaft broker)",
-		note: fmt.Sprintf("Topics of %d partitions. Raw: franz-go, Produce of every record then Flush (idempotent producer), "+
+		note: fmt.Sprintf("Topics of %d partitions. Raw: franz-go, Produce of every record then Flush (idempotent producer, 10ms linger), "+
 			"one group member polling and handling each record in its poll loop, autocommit. "+
-			"keyorder: Ordered, 64 keyed lanes over the same partitions, offsets committed per partition "+
+			"keyorder: a producer without linger; Ordered, 64 keyed lanes over the same partitions, offsets committed per partition "+
 			"with the completed ones above in the commit metadata.", kafkaPartitions),
 		systems: append([]system{{name: "raw franz-go", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) {
@@ -104,7 +113,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 				return &kafkaRaw{seeds: seeds, producer: producer, topic: id, drop: drop}, nil
 			}}},
 			koSystems(f, t)...),
-		close: func() { producer.Close(); admin.Close() },
+		close: func() { producer.Close(); koProducer.Close(); admin.Close() },
 	}, nil
 }
 
