@@ -150,7 +150,7 @@ func (e *kafkaRaw) publish(ctx context.Context, w *workload) error {
 }
 
 func (e *kafkaRaw) consume(ctx context.Context, chk *orderCheck) error {
-	cl, err := kgo.NewClient(e.seeds, kgo.ConsumerGroup("bench-" + e.topic), kgo.ConsumeTopics(e.topic),
+	cl, err := kgo.NewClient(e.seeds, kgo.ConsumerGroup("bench-"+e.topic), kgo.ConsumeTopics(e.topic),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return err
