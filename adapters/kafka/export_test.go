@@ -1,5 +1,7 @@
 package kafka
 
+import "github.com/keyorder/keyorder/driver"
+
 // The drivers, for this package's tests: they exercise the driver contract
 // directly (Receive, Ack, ...), which applications reach only through
 // publish and subscribe.
@@ -16,3 +18,6 @@ var OpenTopicDriver = openTopic
 // OpenSubscriptionDriver opens the subscription driver (see
 // OpenSubscription).
 var OpenSubscriptionDriver = openSubscription
+
+// PartitionOf returns the partition of a received message.
+func PartitionOf(m *driver.Message) int32 { return m.Copy.(position).partition }

@@ -255,3 +255,87 @@ func TestURLRoundTrip(t *testing.T) {
 	stop()
 	<-done
 }
+
+// TestRevocationWaitsForInFlight: member A holds the first record of each
+// of two partitions in flight (the rest completed); member B joins and
+// the group moves one partition to B. A's revocation waits for its record
+// of that partition, so B receives nothing while A holds it; once A gives
+// its records up, B receives exactly that partition's held record (the
+// completed ones above it travel in the commit metadata).
+func TestRevocationWaitsForInFlight(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 2)
+	tp, err := kafka.OpenTopicDriver(ctx, cl, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 8 {
+		key := fmt.Sprint("k", k)
+		send(ctx, t, tp, key, key+"-1", key+"-2")
+	}
+	group := uniqueName("g")
+	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	a, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ms := receiveN(ctx, t, a, 16)
+	held := map[int32]*driver.Message{} // the first record of each partition
+	var done []*driver.Message
+	for _, m := range ms {
+		p := kafka.PartitionOf(m)
+		if held[p] == nil {
+			held[p] = m
+			continue
+		}
+		done = append(done, m)
+	}
+	if len(held) != 2 {
+		t.Fatalf("records in %d partitions, want 2", len(held))
+	}
+	if err := a.Ack(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	b, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make(chan []*driver.Message, 10)
+	bctx, stopB := context.WithCancel(ctx)
+	defer stopB()
+	go func() {
+		for bctx.Err() == nil {
+			if ms, err := b.Receive(bctx, 10); err == nil {
+				got <- ms
+			}
+		}
+	}()
+	// A's leases (30s) outlast the wait.
+	select {
+	case ms := <-got:
+		t.Fatalf("B received %v while A held the first record of its partition", payloads(ms))
+	case <-time.After(3 * time.Second):
+	}
+	if err := a.Release(ctx, []*driver.Message{held[0], held[1]}); err != nil {
+		t.Fatal(err)
+	}
+	var bGot []*driver.Message
+	select {
+	case ms := <-got:
+		bGot = ms
+	case <-time.After(20 * time.Second):
+		t.Fatal("B received nothing after A released its records")
+	}
+	if len(bGot) != 1 || (string(bGot[0].Payload) != string(held[0].Payload) && string(bGot[0].Payload) != string(held[1].Payload)) {
+		t.Fatalf("B received %v, want one of the records A held (%s, %s)", payloads(bGot), held[0].Payload, held[1].Payload)
+	}
+	select {
+	case ms := <-got:
+		t.Fatalf("then B received %v, want nothing (completed records are in the commit metadata)", payloads(ms))
+	case <-time.After(time.Second):
+	}
+}

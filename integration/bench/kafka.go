@@ -64,22 +64,18 @@ func kafkaBackend(context.Context) (*backend, error) {
 	drop := func(id string) {
 		_, _ = kadm.NewClient(admin).DeleteTopics(context.Background(), id, kafka.DeadLetterTopic(id, "bench-"+id))
 	}
-	producer, err := kgo.NewClient(seeds)
-	if err != nil {
-		admin.Close()
-		return nil, err
-	}
-	// keyorder's producer does not linger: the publisher already batches
-	// per key (one batch in flight, what queues behind it goes next), and
-	// franz-go's 10ms default linger would add 10ms to every key's round.
-	koProducer, err := kgo.NewClient(seeds, kgo.ProducerLinger(0))
-	if err != nil {
-		admin.Close()
-		producer.Close()
-		return nil, err
-	}
+	// Each endpoint gets its own producer: a client shared across topics
+	// waits up to its MetadataMinAge (5s) before it loads a new topic's
+	// metadata after the last load. keyorder's producer does not linger:
+	// the publisher already batches per key (one batch in flight, what
+	// queues behind it goes next), and franz-go's 10ms default linger
+	// would add 10ms to every key's round.
 	f := func(ctx context.Context, id string) (*koDriver, error) {
 		if err := create(ctx, id); err != nil {
+			return nil, err
+		}
+		koProducer, err := kgo.NewClient(seeds, kgo.ProducerLinger(0))
+		if err != nil {
 			return nil, err
 		}
 		sopts := &kafka.SubscriptionOptions{Ordering: policy.Ordered, ClientOptions: []kgo.Opt{seeds}, Logger: quiet()}
@@ -90,7 +86,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
 				return kafka.OpenSubscription(ctx, id, "bench-"+id, sopts, cfg)
 			},
-			cleanup: func() { drop(id) },
+			cleanup: func() { koProducer.Close(); drop(id) },
 		}, nil
 	}
 	t := koTuning{
@@ -110,10 +106,14 @@ func kafkaBackend(context.Context) (*backend, error) {
 				if err := create(ctx, id); err != nil {
 					return nil, err
 				}
+				producer, err := kgo.NewClient(seeds)
+				if err != nil {
+					return nil, err
+				}
 				return &kafkaRaw{seeds: seeds, producer: producer, topic: id, drop: drop}, nil
 			}}},
 			koSystems(f, t)...),
-		close: func() { producer.Close(); koProducer.Close(); admin.Close() },
+		close: admin.Close,
 	}, nil
 }
 
@@ -170,4 +170,7 @@ func (e *kafkaRaw) consume(ctx context.Context, chk *orderCheck) error {
 	}
 }
 
-func (e *kafkaRaw) close() { e.drop(e.topic) }
+func (e *kafkaRaw) close() {
+	e.producer.Close()
+	e.drop(e.topic)
+}
