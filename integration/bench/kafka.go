@@ -20,6 +20,12 @@ import (
 // kafkaPartitions is the partition count of every benchmark topic.
 const kafkaPartitions = 8
 
+// freshMetadata lets the producers reload a new topic's metadata soon
+// after their first load: a produce that finds a just-created partition
+// not ready waits for the next load, by default at least 5s
+// (MetadataMinAge) after the last; rounds stalled 5s on it.
+var freshMetadata = kgo.MetadataMinAge(100 * time.Millisecond)
+
 func kafkaBackend(context.Context) (*backend, error) {
 	list, err := env("KEYORDER_KAFKA_BROKERS", "kafka")
 	if err != nil {
@@ -74,7 +80,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 		if err := create(ctx, id); err != nil {
 			return nil, err
 		}
-		koProducer, err := kgo.NewClient(seeds, kgo.ProducerLinger(0))
+		koProducer, err := kgo.NewClient(seeds, kgo.ProducerLinger(0), freshMetadata)
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +112,7 @@ func kafkaBackend(context.Context) (*backend, error) {
 				if err := create(ctx, id); err != nil {
 					return nil, err
 				}
-				producer, err := kgo.NewClient(seeds)
+				producer, err := kgo.NewClient(seeds, freshMetadata)
 				if err != nil {
 					return nil, err
 				}
