@@ -73,7 +73,8 @@
 // longer than their lease), commits, and only then lets the rebalance go
 // on: a key never runs in two processes at once unless a handler outlives
 // its lease. Records still in flight after the wait are reported lost
-// (ExtendLeases) and their handlers' contexts cancelled.
+// (ExtendLeases) and their handlers' contexts cancelled; the commit counts
+// an attempt for each of them whose handler had started.
 //
 // Leases: a handed-out record is leased for Capabilities.LeaseDuration,
 // renewed by ExtendLeases while the subscriber holds or runs it. When a
