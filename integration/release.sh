@@ -52,6 +52,11 @@ for d in "$cache/github.com/keyorder" "$cache/cache/download/github.com/keyorder
 done
 
 export GOWORK=off
+# The module index (in the build cache) trusts a module version in the
+# module cache never to change; this check rewrites keyorder@VERSION from
+# the working tree each run, so a stale index would hide new packages
+# ("could not import …/internal/memhook (open : no such file or directory)").
+export GODEBUG=${GODEBUG:+$GODEBUG,}goindex=0
 export GOMODCACHE=$cache
 export GOPROXY="file://$work/proxy,file://$shared/cache/download,$upstream"
 export GONOSUMDB=github.com/keyorder/keyorder

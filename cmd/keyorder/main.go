@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	_ "github.com/keyorder/keyorder/adapters/kafka"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"

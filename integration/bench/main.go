@@ -95,7 +95,7 @@ func (o options) quickened() options {
 }
 
 // backends lists the -backend values in the order "all" runs them.
-var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar"}
+var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar", "kafka"}
 
 func main() {
 	var (
@@ -107,7 +107,7 @@ func main() {
 		docs   string
 		resDir string
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|kafka|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -280,8 +280,10 @@ func openBackend(ctx context.Context, name string) (*backend, error) {
 		return sqsBackend(ctx)
 	case "pulsar":
 		return pulsarBackend(ctx)
+	case "kafka":
+		return kafkaBackend(ctx)
 	}
-	return nil, fmt.Errorf("unknown backend %q (want memory, postgres, pubsub, sqs, pulsar, all or pgsuite)", name)
+	return nil, fmt.Errorf("unknown backend %q (want memory, postgres, pubsub, sqs, pulsar, kafka, all or pgsuite)", name)
 }
 
 // env returns the environment variable's value, or an error naming it.

@@ -1,0 +1,248 @@
+package kafka
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/keyorder/keyorder/driver"
+)
+
+// producer returns the client that writes dead letters and redrives, made
+// on first use. It may create the dead-letter topic (the broker's default
+// partitions) when the broker allows auto-creation.
+func (s *subscriptionDriver) producer() (*kgo.Client, error) {
+	s.prodOnce.Do(func() {
+		opts := append(append([]kgo.Opt(nil), s.opts.ClientOptions...), kgo.AllowAutoTopicCreation())
+		s.prod, s.prodErr = kgo.NewClient(opts...)
+	})
+	return s.prod, s.prodErr
+}
+
+// truncateUTF8 cuts s to at most n bytes on a rune boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// DeadLetter produces m to <topic>.<group>.dead with its key, headers, ID
+// and keyorder-reason, keyorder-attempts and keyorder-dead-at, then
+// completes it. If completing fails (its partition was revoked), m may be
+// dead-lettered twice.
+func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	if _, err := deliveryOf(m); err != nil {
+		return err
+	}
+	r, err := toRecord(s.deadTopic, &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
+	if err != nil {
+		return err
+	}
+	r.Headers = append(r.Headers,
+		kgo.RecordHeader{Key: HeaderReason, Value: []byte(truncateUTF8(reason, maxReason))},
+		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
+		kgo.RecordHeader{Key: HeaderDeadAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	)
+	p, err := s.producer()
+	if err != nil {
+		return err
+	}
+	if err := p.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: dead-letter to %s: %w", s.deadTopic, err)
+	}
+	return s.Ack(ctx, []*driver.Message{m})
+}
+
+// readDead reads the whole dead-letter topic: the dead letters not
+// redriven since, oldest first (by dead-letter time across partitions).
+func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter, error) {
+	p, err := s.producer()
+	if err != nil {
+		return nil, err
+	}
+	adm := kadm.NewClient(p)
+	ends, err := adm.ListEndOffsets(ctx, s.deadTopic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: end offsets of %s: %w", s.deadTopic, err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	if len(want) == 0 {
+		return nil, nil
+	}
+	parts := map[int32]kgo.Offset{}
+	for p := range want {
+		parts[p] = kgo.NewOffset().AtStart()
+	}
+	opts := append(append([]kgo.Opt(nil), s.opts.ClientOptions...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.deadTopic: parts}),
+		kgo.FetchMaxWait(200*time.Millisecond))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		if ferr != nil && !isRetryable(ferr) {
+			return nil, fmt.Errorf("kafka: read %s: %w", s.deadTopic, ferr)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := want[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			recs = append(recs, r)
+			if r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	// Markers apply to what came before them; order by time of writing.
+	sortByTime(recs)
+	var order []string
+	byID := map[string]driver.DeadLetter{}
+	for _, r := range recs {
+		if id, ok := header(r, HeaderRedriven); ok {
+			delete(byID, id)
+			continue
+		}
+		dl := deadLetterOf(r)
+		if _, seen := byID[dl.Message.ID]; !seen {
+			order = append(order, dl.Message.ID)
+		}
+		byID[dl.Message.ID] = dl
+	}
+	out := make([]driver.DeadLetter, 0, len(byID))
+	for _, id := range order {
+		if dl, ok := byID[id]; ok {
+			out = append(out, dl)
+			delete(byID, id)
+		}
+	}
+	return out, nil
+}
+
+// sortByTime orders rs by (timestamp, partition, offset).
+func sortByTime(rs []*kgo.Record) {
+	slices.SortStableFunc(rs, func(a, b *kgo.Record) int {
+		if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Partition, b.Partition); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Offset, b.Offset)
+	})
+}
+
+func header(r *kgo.Record, k string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func deadLetterOf(r *kgo.Record) driver.DeadLetter {
+	m := fromRecord(r)
+	dl := driver.DeadLetter{DeadAt: m.PublishTime}
+	for _, k := range []string{HeaderReason, HeaderAttempts, HeaderDeadAt} {
+		v, ok := m.Headers[k]
+		if !ok {
+			continue
+		}
+		delete(m.Headers, k)
+		switch k {
+		case HeaderReason:
+			dl.Reason = v
+		case HeaderAttempts:
+			dl.Attempts, _ = strconv.Atoi(v)
+		case HeaderDeadAt:
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				dl.DeadAt = t
+			}
+		}
+	}
+	if len(m.Headers) == 0 {
+		m.Headers = nil
+	}
+	dl.Message = *m
+	return dl
+}
+
+// DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
+// first, reading <topic>.<group>.dead from its start.
+func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
+	dls, err := s.readDead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && len(dls) > limit {
+		dls = dls[:limit]
+	}
+	return dls, nil
+}
+
+// Redrive produces the dead letters with these IDs on the topic again,
+// with their key, headers and ID and without their not-before time, after
+// everything produced meanwhile, and marks each redriven on the
+// dead-letter topic. A redriven record reaches every group of the topic,
+// not only this one.
+func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
+	dls, err := s.readDead(ctx)
+	if err != nil {
+		return 0, err
+	}
+	p, err := s.producer()
+	if err != nil {
+		return 0, err
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	n := 0
+	for _, dl := range dls {
+		if !want[dl.Message.ID] {
+			continue
+		}
+		m := dl.Message
+		m.NotBefore = time.Time{}
+		r, err := toRecord(s.topic, &m)
+		if err == nil {
+			err = p.ProduceSync(ctx, r).FirstErr()
+		}
+		if err != nil {
+			return n, fmt.Errorf("kafka: redrive %q to %s: %w", m.ID, s.topic, err)
+		}
+		marker := &kgo.Record{Topic: s.deadTopic, Headers: []kgo.RecordHeader{{Key: HeaderRedriven, Value: []byte(m.ID)}}}
+		if err := p.ProduceSync(ctx, marker).FirstErr(); err != nil {
+			return n + 1, fmt.Errorf("kafka: redrive %q: mark dead letter redriven: %w", m.ID, err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,928 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// Defaults of SubscriptionOptions.
+const (
+	// LeaseDefault is the default lease of a handed-out record.
+	LeaseDefault = 30 * time.Second
+	// MaxBatchDefault is the most records one Receive returns.
+	MaxBatchDefault = 500
+	// MaxPendingDefault is how many records a partition may have between
+	// its committed offset and the last one handed out.
+	MaxPendingDefault = 10_000
+	// MaxMetadataBytes is the longest commit metadata the driver writes
+	// (the broker's offset.metadata.max.bytes defaults to 4096).
+	MaxMetadataBytes = 4000
+	// CommitIntervalDefault is how often completed offsets are committed.
+	CommitIntervalDefault = time.Second
+	// RevokeTimeoutDefault bounds the wait for a revoked partition's
+	// records in flight.
+	RevokeTimeoutDefault = 20 * time.Second
+)
+
+// SubscriptionOptions configure a subscription driver. A nil
+// *SubscriptionOptions means defaults.
+type SubscriptionOptions struct {
+	// Ordering is the keyorder policy, enforced in process. Defaults to
+	// policy.Parallel (zero) for typed use; the URL opener defaults to
+	// policy.Ordered.
+	Ordering policy.Ordering
+	// Lease is how long a handed-out record stays leased without
+	// ExtendLeases before the driver deems the process stuck and leaves
+	// the group (see the package documentation). Defaults to LeaseDefault.
+	Lease time.Duration
+	// MaxBatch is the most records one Receive returns. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+	// MaxPending is how many records a partition may have between its
+	// committed offset and the last one handed out before the driver stops
+	// handing out more of it. Defaults to MaxPendingDefault.
+	MaxPending int
+	// MaxMetadataBytes bounds the commit metadata. Defaults to
+	// MaxMetadataBytes.
+	MaxMetadataBytes int
+	// CommitInterval is how often completed offsets are committed.
+	// Defaults to CommitIntervalDefault.
+	CommitInterval time.Duration
+	// RevokeTimeout bounds how long a revocation waits for the revoked
+	// partitions' records in flight. Defaults to RevokeTimeoutDefault.
+	RevokeTimeout time.Duration
+	// SessionTimeout is the group session timeout (how long the group
+	// waits for a member that stopped heartbeating, as a killed process
+	// does). Zero keeps franz-go's default (45s).
+	SessionTimeout time.Duration
+	// MaxMessageBytes is the broker's maximum record size, for dead
+	// letters and redrives. Defaults to DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// ClientOptions are added to the options of the clients the driver
+	// makes (seed brokers, TLS, SASL, client ID, ...). The driver sets
+	// the group, topic, balancer and commit options itself.
+	ClientOptions []kgo.Opt
+	// Logger receives the driver's warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
+	var out SubscriptionOptions
+	if o != nil {
+		out = *o
+	}
+	if out.Lease <= 0 {
+		out.Lease = LeaseDefault
+	}
+	if out.MaxBatch <= 0 {
+		out.MaxBatch = MaxBatchDefault
+	}
+	if out.MaxPending <= 0 {
+		out.MaxPending = MaxPendingDefault
+	}
+	if out.MaxMetadataBytes <= 0 {
+		out.MaxMetadataBytes = MaxMetadataBytes
+	}
+	if out.CommitInterval <= 0 {
+		out.CommitInterval = CommitIntervalDefault
+	}
+	if out.RevokeTimeout <= 0 {
+		out.RevokeTimeout = RevokeTimeoutDefault
+	}
+	if out.MaxMessageBytes <= MetadataRoom {
+		out.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+// DeadLetterTopic returns the dead-letter topic of group on topic:
+// <topic>.<group>.dead.
+func DeadLetterTopic(topic, group string) string { return topic + "." + group + ".dead" }
+
+// generation is one group member of the driver (one kgo client); one
+// given up by the watchdog is closed and replaced.
+type generation struct {
+	cl      *kgo.Client
+	parts   map[int32]*partState
+	expired bool
+}
+
+// partState is one assigned partition of a generation.
+type partState struct {
+	p        int32
+	gen      *generation
+	om       *offsetMap
+	fetched  bool // committed offset and metadata read
+	revoking bool
+	inflight int
+	backlog  []*kgo.Record // fetched, not handed out (backpressure)
+	paused   bool
+	dirty    bool // completed since the last commit
+	// committed is the last offset and metadata committed.
+	committed     int64
+	committedMeta string
+}
+
+// delivery is a handed-out record's AckID.
+type delivery struct {
+	ps       *partState
+	off      int64
+	prior    int // attempts counted before this delivery
+	started  atomic.Bool
+	deadline time.Time // guarded by the subscription's mu
+	settled  bool
+	lost     bool
+}
+
+// position is a record's place in its topic: driver.Message.Copy.
+type position struct {
+	partition int32
+	offset    int64
+}
+
+// subscriptionDriver is the driver.Subscription driver of one member of a
+// Kafka consumer group.
+type subscriptionDriver struct {
+	topic     string
+	group     string
+	deadTopic string
+	opts      SubscriptionOptions
+	topicID   [16]byte
+
+	mu      sync.Mutex
+	closed  bool
+	gen     *generation
+	rr      int           // round-robin start over partitions
+	wake    func()        // cancels a blocked poll (backpressure lifted)
+	notify  chan struct{} // closed and replaced when records settle
+	waiting int           // revocations waiting on notify
+	live    map[*delivery]struct{}
+
+	commitMu sync.Mutex
+	prodOnce sync.Once
+	prod     *kgo.Client // dead letters, redrive
+	prodErr  error
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+var (
+	_ driver.Subscription    = (*subscriptionDriver)(nil)
+	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.StartRecorder   = (*subscriptionDriver)(nil)
+	_ driver.Namer           = (*subscriptionDriver)(nil)
+)
+
+// openSubscription joins group on topic with clients made from clientOpts
+// (seed brokers and connection options) and returns its consuming driver.
+// The topic must exist.
+func openSubscription(ctx context.Context, topic, group string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
+	if topic == "" || group == "" {
+		return nil, fmt.Errorf("%w: kafka.OpenSubscription: empty topic or group", keyorder.ErrInvalidConfig)
+	}
+	o := opts.withDefaults()
+	s := &subscriptionDriver{
+		topic: topic, group: group, deadTopic: DeadLetterTopic(topic, group), opts: o,
+		notify: make(chan struct{}), live: map[*delivery]struct{}{}, stop: make(chan struct{}),
+	}
+	// The topic's ID: OffsetCommit v10 (Kafka 4.2+) names topics by ID.
+	adm, err := kgo.NewClient(o.ClientOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
+	}
+	s.topicID, err = awaitTopic(ctx, adm, topic)
+	adm.Close()
+	if err != nil {
+		return nil, fmt.Errorf("kafka: subscribe %s: %w", group, err)
+	}
+	if _, err := s.current(); err != nil {
+		return nil, err
+	}
+	s.wg.Add(2)
+	go s.watchdog()
+	go s.committer()
+	return s, nil
+}
+
+// current returns the live member, joining the group when there is none.
+func (s *subscriptionDriver) current() (*generation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if s.gen != nil {
+		return s.gen, nil
+	}
+	g := &generation{parts: map[int32]*partState{}}
+	opts := append(slices.Clip(s.opts.ClientOptions),
+		kgo.ConsumerGroup(s.group),
+		kgo.ConsumeTopics(s.topic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(500*time.Millisecond),
+		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { s.assigned(g, m[s.topic]) }),
+		kgo.OnOffsetsFetched(func(ctx context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+			s.fetched(g, resp)
+			return nil
+		}),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.revoked(ctx, g, m[s.topic], true) }),
+		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.revoked(ctx, g, m[s.topic], false) }),
+	)
+	if s.opts.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(s.opts.SessionTimeout), kgo.HeartbeatInterval(max(s.opts.SessionTimeout/6, 100*time.Millisecond)))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: consumer client: %v", keyorder.ErrInvalidConfig, err)
+	}
+	g.cl = cl
+	s.gen = g
+	return g, nil
+}
+
+// assigned creates the states of newly assigned partitions.
+func (s *subscriptionDriver) assigned(g *generation, ps []int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		if st := g.parts[p]; st != nil && !st.revoking {
+			continue // still ours: keep what is in flight
+		}
+		g.parts[p] = &partState{p: p, gen: g, om: newOffsetMap(-1, ""), committed: -1}
+	}
+}
+
+// fetched reads the committed offsets and metadata of the assigned
+// partitions (before fetching records starts).
+func (s *subscriptionDriver) fetched(g *generation, resp *kmsg.OffsetFetchResponse) {
+	type committed struct {
+		off  int64
+		meta string
+	}
+	got := map[int32]committed{}
+	add := func(topic string, id [16]byte, p int32, off int64, meta *string) {
+		if topic != s.topic && id != s.topicID {
+			return
+		}
+		c := committed{off: off}
+		if meta != nil {
+			c.meta = *meta
+		}
+		got[p] = c
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			add(t.Topic, [16]byte{}, p.Partition, p.Offset, p.Metadata)
+		}
+	}
+	for _, gr := range resp.Groups {
+		for _, t := range gr.Topics {
+			for _, p := range t.Partitions {
+				add(t.Topic, t.TopicID, p.Partition, p.Offset, p.Metadata)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, ps := range g.parts {
+		if ps.fetched {
+			continue
+		}
+		ps.fetched = true
+		if c, ok := got[p]; ok && c.off >= 0 {
+			ps.om = newOffsetMap(c.off, c.meta)
+			ps.committed, ps.committedMeta = c.off, c.meta
+		}
+	}
+}
+
+// signal wakes revocations waiting for records to settle. Called with
+// s.mu held.
+func (s *subscriptionDriver) signal() {
+	if s.waiting == 0 {
+		return
+	}
+	close(s.notify)
+	s.notify = make(chan struct{})
+}
+
+// revoked handles partitions the group takes away (graceful: stop handing
+// them out, wait for what is in flight, commit) or that are lost (no
+// commit: another member may own them already).
+func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []int32, graceful bool) {
+	s.mu.Lock()
+	if g.expired {
+		s.mu.Unlock()
+		return // the watchdog committed and gave the member up
+	}
+	var states []*partState
+	var resume []int32
+	for _, p := range ps {
+		st := g.parts[p]
+		if st == nil {
+			continue
+		}
+		st.revoking = true
+		st.backlog = nil
+		if st.paused {
+			st.paused = false
+			resume = append(resume, p)
+		}
+		states = append(states, st)
+	}
+	s.mu.Unlock()
+	if len(resume) > 0 {
+		g.cl.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+	}
+	if graceful {
+		s.mu.Lock()
+		s.waiting++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.waiting--
+			s.mu.Unlock()
+		}()
+		deadline := time.Now().Add(s.opts.RevokeTimeout)
+		for {
+			s.mu.Lock()
+			busy := 0
+			now := time.Now()
+			for _, st := range states {
+				busy += st.inflight
+			}
+			// A record whose lease ran out is not waited for.
+			if busy > 0 {
+				busy = 0
+				for d := range s.live {
+					if d.ps.gen == g && slices.Contains(states, d.ps) && now.Before(d.deadline) {
+						busy++
+					}
+				}
+			}
+			ch := s.notify
+			s.mu.Unlock()
+			if busy == 0 || now.After(deadline) || ctx.Err() != nil {
+				break
+			}
+			t := time.NewTimer(min(time.Until(deadline), 100*time.Millisecond))
+			select {
+			case <-ch:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	// What is still in flight goes to the partitions' new owners; a
+	// record whose handler started may have been running: its attempt
+	// counts.
+	s.mu.Lock()
+	n := 0
+	extra := map[*partState]map[int64]int{}
+	for d := range s.live {
+		if slices.Contains(states, d.ps) {
+			if d.started.Load() {
+				if extra[d.ps] == nil {
+					extra[d.ps] = map[int64]int{}
+				}
+				extra[d.ps][d.off] = d.prior + 1
+			}
+			d.lost = true
+			delete(s.live, d)
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.opts.Logger.Warn("keyorder: kafka: partitions revoked with records in flight; they go to their new owner",
+			"topic", s.topic, "group", s.group, "records", n)
+	}
+	if graceful {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.commit(cctx, g, states, extra); err != nil {
+			s.opts.Logger.Warn("keyorder: kafka: commit on revocation failed; records may be redelivered",
+				"topic", s.topic, "group", s.group, "err", err)
+		}
+		cancel()
+	}
+	s.mu.Lock()
+	for _, st := range states {
+		if g.parts[st.p] == st {
+			delete(g.parts, st.p)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Receive waits for at least one record or ctx, and returns at most
+// maxMessages, each partition's in offset order (a key's records are in
+// one partition).
+func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
+	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
+		maxMessages = s.opts.MaxBatch
+	}
+	for {
+		g, err := s.current()
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		out := s.handOut(g, maxMessages, nil)
+		if len(out) > 0 {
+			s.mu.Unlock()
+			return out, nil
+		}
+		pctx, cancel := context.WithCancel(ctx)
+		s.wake = cancel
+		s.mu.Unlock()
+		fs := g.cl.PollRecords(pctx, maxMessages)
+		cancel()
+		s.mu.Lock()
+		s.wake = nil
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if fs.IsClientClosed() {
+			continue // the watchdog gave the member up, or Close
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			if ferr == nil {
+				ferr = err
+			}
+			s.opts.Logger.Warn("keyorder: kafka: fetch error", "topic", t, "partition", p, "err", err)
+		})
+		s.mu.Lock()
+		fs.EachRecord(func(r *kgo.Record) {
+			if st := g.parts[r.Partition]; st != nil && !st.revoking && r.Topic == s.topic {
+				st.backlog = append(st.backlog, r)
+			}
+		})
+		out = s.handOut(g, maxMessages, nil)
+		s.mu.Unlock()
+		if len(out) > 0 {
+			return out, nil
+		}
+		if ferr != nil && !isRetryable(ferr) {
+			return nil, fmt.Errorf("kafka: fetch %s: %w", s.topic, ferr)
+		}
+	}
+}
+
+// handOut moves up to max records from the partitions' backlogs into
+// their offset maps and returns them, pausing partitions that reached
+// their bounds and resuming those that are below them again. Called with
+// s.mu held.
+func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Message) []*driver.Message {
+	if g.expired {
+		return out
+	}
+	parts := make([]*partState, 0, len(g.parts))
+	for _, st := range g.parts {
+		parts = append(parts, st)
+	}
+	slices.SortFunc(parts, func(a, b *partState) int { return int(a.p - b.p) })
+	var pause, resume []int32
+	now := time.Now()
+	for i := range parts {
+		st := parts[(i+s.rr)%len(parts)]
+		if st.revoking {
+			continue
+		}
+		for len(st.backlog) > 0 && len(out) < max && !s.full(st) {
+			r := st.backlog[0]
+			st.backlog[0] = nil
+			st.backlog = st.backlog[1:]
+			d := &delivery{ps: st, off: r.Offset, deadline: now.Add(s.opts.Lease)}
+			skip, prior := st.om.add(r.Offset, d)
+			if skip {
+				st.dirty = true
+				continue
+			}
+			d.prior = prior
+			st.inflight++
+			s.live[d] = struct{}{}
+			out = append(out, s.message(r, d))
+		}
+		switch full := s.full(st); {
+		case (full || len(st.backlog) > 0) && !st.paused:
+			st.paused = true
+			pause = append(pause, st.p)
+		case !full && len(st.backlog) == 0 && st.paused:
+			st.paused = false
+			resume = append(resume, st.p)
+		}
+	}
+	s.rr++
+	if len(pause) > 0 {
+		g.cl.PauseFetchPartitions(map[string][]int32{s.topic: pause})
+	}
+	if len(resume) > 0 {
+		g.cl.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+	}
+	return out
+}
+
+// full reports whether st may hand out no more records: too many pending
+// above its committed offset, or too many done runs for the metadata.
+func (s *subscriptionDriver) full(st *partState) bool {
+	return st.om.pending() >= s.opts.MaxPending || st.om.runs >= s.opts.MaxMetadataBytes/12
+}
+
+// message converts a record: its key becomes Key, the reserved headers ID
+// and NotBefore, the rest Headers.
+func (s *subscriptionDriver) message(r *kgo.Record, d *delivery) *driver.Message {
+	m := fromRecord(r)
+	m.AckID = d
+	m.Attempt = d.prior + 1
+	m.Copy = position{r.Partition, r.Offset}
+	return m
+}
+
+func fromRecord(r *kgo.Record) *driver.Message {
+	m := &driver.Message{Key: string(r.Key), Payload: r.Value, PublishTime: r.Timestamp}
+	for _, h := range r.Headers {
+		switch h.Key {
+		case HeaderID:
+			m.ID = string(h.Value)
+			continue
+		case HeaderNotBefore:
+			if t, err := time.Parse(time.RFC3339Nano, string(h.Value)); err == nil {
+				m.NotBefore = t
+			}
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(r.Headers))
+		}
+		m.Headers[h.Key] = string(h.Value)
+	}
+	if m.ID == "" {
+		m.ID = r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+	}
+	return m
+}
+
+func deliveryOf(m *driver.Message) (*delivery, error) {
+	d, ok := m.AckID.(*delivery)
+	if !ok || d == nil {
+		return nil, fmt.Errorf("kafka: message %q was not received by this driver", m.ID)
+	}
+	return d, nil
+}
+
+// settle ends d's delivery; done completes its offset. Called with s.mu
+// held. It reports errLost when the partition is no longer this
+// member's.
+func (s *subscriptionDriver) settle(d *delivery, done bool) error {
+	if d.settled {
+		return nil
+	}
+	d.settled = true
+	delete(s.live, d)
+	if d.lost {
+		return errLost
+	}
+	st := d.ps
+	st.inflight--
+	if done {
+		st.om.complete(d.off)
+		st.dirty = true
+		if st.paused && !s.full(st) && s.wake != nil {
+			s.wake()
+		}
+	}
+	s.signal()
+	return nil
+}
+
+// Ack completes ms: their offsets join the partition's offset map,
+// committed within CommitInterval. A record whose partition was revoked
+// fails with a lost-lease error: its new owner redelivers it.
+func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
+	var first error
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err == nil {
+			err = s.settle(d, true)
+		}
+		if err != nil && first == nil {
+			first = fmt.Errorf("kafka: ack %q: %w", m.ID, err)
+		}
+	}
+	return first
+}
+
+// Nack gives m up without completing it; the subscribe package never calls
+// it (no native hold). Like Release, m is redelivered only after the
+// partition changes owner or the member restarts.
+func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	return s.Release(ctx, []*driver.Message{m})
+}
+
+// Release gives ms up without completing them: their offsets stay below
+// the committed offset's reach, so the partition's next owner (after a
+// rebalance, or this member after a restart) redelivers them, uncounted.
+// The subscribe package releases at shutdown and when a lease is lost.
+func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			return err
+		}
+		s.settle(d, false)
+	}
+	return nil
+}
+
+// ExtendLeases renews the leases of ms and returns those whose partition
+// was revoked or whose member was given up.
+func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
+	now := time.Now()
+	var lost []*driver.Message
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			return lost, err
+		}
+		if d.lost {
+			lost = append(lost, m)
+			continue
+		}
+		d.deadline = now.Add(s.opts.Lease)
+	}
+	return lost, nil
+}
+
+// Started records that the handlers of ms start: a record whose lease runs
+// out after it started counts an attempt.
+func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) error {
+	for _, m := range ms {
+		if d, ok := m.AckID.(*delivery); ok && d != nil {
+			d.started.Store(true)
+		}
+	}
+	return nil
+}
+
+// watchdog gives the member up when a lease ran out: it stops handing out
+// records, commits (counting an attempt for each expired record that had
+// started), and leaves the group, so that the group moves its partitions.
+// The next Receive joins again.
+func (s *subscriptionDriver) watchdog() {
+	defer s.wg.Done()
+	t := time.NewTicker(max(s.opts.Lease/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		g := s.gen
+		expired := 0
+		for d := range s.live {
+			if g != nil && d.ps.gen == g && now.After(d.deadline) {
+				expired++
+			}
+		}
+		if expired == 0 {
+			s.mu.Unlock()
+			continue
+		}
+		g.expired = true
+		s.gen = nil
+		extra := map[*partState]map[int64]int{}
+		var states []*partState
+		for _, st := range g.parts {
+			states = append(states, st)
+		}
+		for d := range s.live {
+			if d.ps.gen != g {
+				continue
+			}
+			if d.started.Load() {
+				if extra[d.ps] == nil {
+					extra[d.ps] = map[int64]int{}
+				}
+				extra[d.ps][d.off] = d.prior + 1
+			}
+			d.lost = true
+			delete(s.live, d)
+		}
+		s.signal()
+		s.mu.Unlock()
+		s.opts.Logger.Warn("keyorder: kafka: a lease ran out; leaving the group so that it moves this member's partitions",
+			"topic", s.topic, "group", s.group, "expired", expired)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.commit(ctx, g, states, extra); err != nil {
+			s.opts.Logger.Warn("keyorder: kafka: commit before leaving failed", "err", err)
+		}
+		cancel()
+		g.cl.Close()
+	}
+}
+
+// committer commits completed offsets every CommitInterval.
+func (s *subscriptionDriver) committer() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		g := s.gen
+		var states []*partState
+		if g != nil {
+			for _, st := range g.parts {
+				if st.dirty && !st.revoking {
+					states = append(states, st)
+				}
+			}
+		}
+		s.mu.Unlock()
+		if len(states) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.commit(ctx, g, states, nil); err != nil && !errors.Is(err, kgo.ErrClientClosed) {
+			s.opts.Logger.Debug("keyorder: kafka: commit failed; retried on the next tick", "err", err)
+		}
+		cancel()
+	}
+}
+
+// commit commits the offset maps of states (attempts of extra added) as
+// member of g. Commits are serialized, so a later one never lands before
+// an earlier one.
+func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states []*partState, extra map[*partState]map[int64]int) error {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	type part struct {
+		st   *partState
+		off  int64
+		meta string
+	}
+	var parts []part
+	s.mu.Lock()
+	for _, st := range states {
+		if !st.fetched || st.om.base < 0 {
+			continue
+		}
+		att := extra[st]
+		// Carry the attempts counted before for records in flight.
+		for _, e := range st.om.live() {
+			if e.d != nil && e.d.prior > 0 {
+				if att == nil {
+					att = map[int64]int{}
+				}
+				if _, ok := att[e.off]; !ok {
+					att[e.off] = e.d.prior
+				}
+			}
+		}
+		meta := st.om.metadata(att, s.opts.MaxMetadataBytes)
+		st.dirty = false
+		if st.om.base == st.committed && meta == st.committedMeta {
+			continue
+		}
+		parts = append(parts, part{st, st.om.base, meta})
+	}
+	s.mu.Unlock()
+	if len(parts) == 0 {
+		return nil
+	}
+	member, gen := g.cl.GroupMetadata()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = s.group
+	req.Generation = gen
+	req.MemberID = member
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = s.topic
+	rt.TopicID = s.topicID
+	for _, p := range parts {
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition = p.st.p
+		rp.Offset = p.off
+		rp.LeaderEpoch = -1
+		meta := p.meta
+		rp.Metadata = &meta
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, g.cl)
+	if err == nil {
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && err == nil {
+					err = fmt.Errorf("partition %d: %w", p.Partition, e)
+				}
+			}
+		}
+	}
+	s.mu.Lock()
+	for _, p := range parts {
+		if err == nil {
+			p.st.committed, p.st.committedMeta = p.off, p.meta
+		} else {
+			p.st.dirty = true
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("kafka: commit %s of %s: %w", s.group, s.topic, err)
+	}
+	return nil
+}
+
+// Capabilities: the subscription's policy, no native hold, the driver's
+// lease.
+func (s *subscriptionDriver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Ordering:      s.opts.Ordering,
+		NativeHold:    false,
+		LeaseDuration: s.opts.Lease,
+		MaxBatch:      s.opts.MaxBatch,
+	}
+}
+
+// IsRetryable reports whether err is transient.
+func (s *subscriptionDriver) IsRetryable(err error) bool { return isRetryable(err) }
+
+// ErrorCode classifies err.
+func (s *subscriptionDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
+
+// Name returns the group's name (Delivery.Subscription).
+func (s *subscriptionDriver) Name() string { return s.group }
+
+// Close commits what completed and leaves the group: the group gives the
+// member's partitions to the other members, which redeliver what had not
+// completed.
+func (s *subscriptionDriver) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	g := s.gen
+	s.gen = nil
+	s.mu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	if g != nil {
+		// Leaving revokes every partition: revoked commits them (records
+		// still in flight are not waited for: the portable layer settled
+		// what it could before closing).
+		s.mu.Lock()
+		for d := range s.live {
+			if d.ps.gen == g {
+				d.lost = true
+				delete(s.live, d)
+			}
+		}
+		s.mu.Unlock()
+		g.cl.Close()
+	}
+	if s.prod != nil {
+		s.prod.Close()
+	}
+	return nil
+}

@@ -1,0 +1,230 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// urlParams are the parameters of a kafka URL.
+var urlParams = []string{
+	"group", "ordering", "lease", "session_timeout", "max_batch", "max_pending", "max_message_size", "client_id",
+}
+
+// subOnly are the parameters only a subscription URL may carry.
+var subOnly = map[string]bool{
+	"group": true, "ordering": true, "lease": true, "session_timeout": true, "max_batch": true, "max_pending": true,
+}
+
+// URLOpener opens kafka:// URLs. Each URL opened gets its own clients,
+// closed with the driver.
+type URLOpener struct{}
+
+func init() {
+	driver.RegisterParams(Scheme, driver.Params{Names: urlParams})
+	driver.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+}
+
+// parsed is a kafka URL's meaning.
+type parsed struct {
+	brokers []string
+	topic   string
+	group   string
+	client  []kgo.Opt
+	topicO  TopicOptions
+	subO    SubscriptionOptions
+}
+
+// parseURL reads kafka://host:port[,host:port...]/topic?params.
+func parseURL(u *url.URL, forSub bool) (*parsed, error) {
+	if u.User != nil {
+		return nil, driver.BadParam(u, "userinfo", "credentials in the URL are not supported; use the typed constructors with SASL options")
+	}
+	p := &parsed{}
+	if u.Host == "" {
+		return nil, driver.BadParam(u, "host", "missing broker (kafka://host:9092/topic)")
+	}
+	for _, b := range strings.Split(u.Host, ",") {
+		host, port, ok := strings.Cut(b, ":")
+		if !ok || host == "" {
+			return nil, driver.BadParam(u, "host", "want host:port, comma-separated")
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return nil, driver.BadParam(u, "host", "want host:port with a port number")
+		}
+		p.brokers = append(p.brokers, b)
+	}
+	p.topic = strings.Trim(u.Path, "/")
+	if p.topic == "" || strings.Contains(p.topic, "/") || !validTopic(p.topic) {
+		return nil, driver.BadParam(u, "path", "want /topic (letters, digits, '.', '_', '-'; at most 249)")
+	}
+	p.subO.Ordering = policy.Ordered
+	ps, err := driver.Query(u)
+	if err != nil {
+		return nil, err
+	}
+	clientID := ""
+	for _, pv := range ps {
+		name, v := pv.Name, pv.Value
+		var perr error
+		positive := func() int {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				perr = errors.New("want a positive integer")
+			}
+			return n
+		}
+		switch name {
+		case "group":
+			p.group = v
+			if v == "" {
+				perr = errors.New("want a consumer group name")
+			}
+		case "ordering":
+			p.subO.Ordering, perr = policy.ParseOrdering(v)
+		case "lease":
+			p.subO.Lease, perr = time.ParseDuration(v)
+			if perr == nil && p.subO.Lease < time.Second {
+				perr = errors.New("want a duration of at least 1s")
+			}
+		case "session_timeout":
+			p.subO.SessionTimeout, perr = time.ParseDuration(v)
+			if perr == nil && p.subO.SessionTimeout < time.Second {
+				perr = errors.New("want a duration of at least 1s")
+			}
+		case "max_batch":
+			p.subO.MaxBatch = positive()
+		case "max_pending":
+			p.subO.MaxPending = positive()
+		case "max_message_size":
+			n := positive()
+			if perr == nil && n <= MetadataRoom {
+				perr = fmt.Errorf("want a size in bytes above %d", MetadataRoom)
+			}
+			p.topicO.MaxMessageBytes, p.subO.MaxMessageBytes = n, n
+		case "client_id":
+			clientID = v
+		default:
+			perr = errors.New("unknown parameter")
+		}
+		if perr == nil && subOnly[name] && !forSub {
+			perr = errors.New("a subscription parameter on a topic URL")
+		}
+		if perr != nil {
+			return nil, driver.BadParam(u, name, perr.Error())
+		}
+	}
+	if forSub && p.group == "" {
+		return nil, driver.BadParam(u, "group", "required")
+	}
+	p.client = []kgo.Opt{kgo.SeedBrokers(p.brokers...)}
+	if clientID != "" {
+		p.client = append(p.client, kgo.ClientID(clientID))
+	}
+	p.subO.ClientOptions = p.client
+	return p, nil
+}
+
+// validTopic reports whether t is a legal Kafka topic name.
+func validTopic(t string) bool {
+	if len(t) > 249 || t == "." || t == ".." {
+		return false
+	}
+	for _, r := range t {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// connectTimeout bounds how long opening waits for a broker that does not
+// answer (when the context has no earlier deadline).
+const connectTimeout = 30 * time.Second
+
+// awaitTopic waits until the cluster answers and reports topic, and
+// returns its ID. It retries transient failures (a broker not up yet)
+// until ctx ends or connectTimeout passes.
+func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, error) {
+	var zero [16]byte
+	deadline := time.Now().Add(connectTimeout)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+		if err == nil {
+			if td, ok := tds[topic]; ok && td.Err == nil {
+				return td.ID, nil
+			} else if ok {
+				err = td.Err
+			}
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return zero, fmt.Errorf("kafka: topic %s: %w", topic, cerr)
+		}
+		if err != nil && !isRetryable(err) || time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New("no answer")
+			}
+			return zero, fmt.Errorf("kafka: topic %s: %w", topic, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return zero, fmt.Errorf("kafka: topic %s: %w", topic, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// OpenTopicURL opens kafka://host:port/topic for publishing. The topic
+// must exist (the opener waits for the cluster to report it).
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
+	p, err := parseURL(u, false)
+	if err != nil {
+		return nil, err
+	}
+	// No linger: the publisher batches per key already (one batch in
+	// flight, what queues behind it goes next); franz-go's 10ms default
+	// would add 10ms to each key's round trip.
+	cl, err := kgo.NewClient(append(p.client, kgo.DefaultProduceTopic(p.topic), kgo.ProducerLinger(0))...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
+	}
+	if _, err := awaitTopic(ctx, cl, p.topic); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	t, err := openTopic(ctx, cl, p.topic, &p.topicO)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	t.ownClient = true
+	return t, nil
+}
+
+// OpenSubscriptionURL opens kafka://host:port/topic?group=g&...: a member
+// of consumer group g on topic, which must exist.
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
+	p, err := parseURL(u, true)
+	if err != nil {
+		return nil, err
+	}
+	return openSubscription(ctx, p.topic, p.group, &p.subO)
+}
+
+// ErrorCode classifies the errors the opener returns, so the URL mux
+// returns them as *keyorder.Error with the right code.
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
