@@ -16,6 +16,8 @@ func TestFromURL(t *testing.T) {
 		{"sqs://ledger.fifo?endpoint=http://localhost:9324", "aws_sqs", "ledger.fifo"},
 		{"pulsar://broker:6650/public/default/ledger", "pulsar", "public/default/ledger"},
 		{"pulsar+ssl://broker:6651/public/default/ledger?subscription=apply", "pulsar", "apply"},
+		{"kafka://b1:9092,b2:9092/ledger", "kafka", "ledger"},
+		{"kafka://b1:9092/ledger?group=apply&ordering=ordered", "kafka", "apply"},
 	} {
 		if system, name := otelkeyorder.FromURL(c.url); system != c.system || name != c.name {
 			t.Errorf("FromURL(%q) = %q, %q; want %q, %q", c.url, system, name, c.system, c.name)
