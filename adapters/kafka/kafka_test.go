@@ -339,3 +339,43 @@ func TestRevocationWaitsForInFlight(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 }
+
+// TestURLCreate: create=true makes the opener create a missing topic with
+// the partitions asked for, on the subscription side and on the topic side,
+// and leaves an existing one as it is.
+func TestURLCreate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	adm := kadm.NewClient(cl)
+	name := uniqueName("created")
+	base := "kafka://" + strings.Join(brokers(t), ",") + "/" + name
+	sub, err := subscribe.Open(ctx, base+"?group="+uniqueName("g")+"&create=true&partitions=3", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	tds, err := adm.ListTopics(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if td, ok := tds[name]; !ok || td.Err != nil || len(td.Partitions) != 3 {
+		t.Fatalf("topic %s after create=true&partitions=3: %+v", name, tds[name])
+	}
+	// The topic side finds it existing: no error, partitions unchanged.
+	pub, err := publish.Open(ctx, base+"?create=true&partitions=5", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	tds, err = adm.ListTopics(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(tds[name].Partitions); got != 3 {
+		t.Errorf("an existing topic opened with partitions=5 has %d partitions, want 3 (unchanged)", got)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder"
@@ -20,6 +21,7 @@ import (
 // urlParams are the parameters of a kafka URL.
 var urlParams = []string{
 	"group", "ordering", "lease", "session_timeout", "max_batch", "max_pending", "max_message_size", "client_id",
+	"create", "partitions",
 }
 
 // subOnly are the parameters only a subscription URL may carry.
@@ -45,6 +47,10 @@ type parsed struct {
 	client  []kgo.Opt
 	topicO  TopicOptions
 	subO    SubscriptionOptions
+	// create asks the opener to create the topic when it does not exist,
+	// with partitions partitions (-1: the broker's num.partitions).
+	create     bool
+	partitions int32
 }
 
 // parseURL reads kafka://host:port[,host:port...]/topic?params.
@@ -76,6 +82,8 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 		return nil, err
 	}
 	clientID := ""
+	p.partitions = -1
+	partitionsSet := false
 	for _, pv := range ps {
 		name, v := pv.Name, pv.Value
 		var perr error
@@ -116,6 +124,14 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 			p.topicO.MaxMessageBytes, p.subO.MaxMessageBytes = n, n
 		case "client_id":
 			clientID = v
+		case "create":
+			p.create, perr = strconv.ParseBool(v)
+		case "partitions":
+			n := positive()
+			if perr == nil && n > maxPartitions {
+				perr = fmt.Errorf("want at most %d", maxPartitions)
+			}
+			p.partitions, partitionsSet = int32(n), true
 		default:
 			perr = errors.New("unknown parameter")
 		}
@@ -128,6 +144,9 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 	}
 	if forSub && p.group == "" {
 		return nil, driver.BadParam(u, "group", "required")
+	}
+	if partitionsSet && !p.create {
+		return nil, driver.BadParam(u, "partitions", "only with create=true (an existing topic keeps its partitions)")
 	}
 	p.client = []kgo.Opt{kgo.SeedBrokers(p.brokers...)}
 	if clientID != "" {
@@ -148,6 +167,42 @@ func validTopic(t string) bool {
 		}
 	}
 	return true
+}
+
+// maxPartitions bounds the partitions parameter (a typo guard, far above
+// what one topic of a keyed workload needs).
+const maxPartitions = 10000
+
+// ensureTopic creates topic with partitions partitions (-1: the broker's
+// default) and the broker's default replication factor unless it exists.
+// It uses a client of its own, so that it works before the driver's
+// clients exist.
+func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions int32) error {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		r, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, nil, topic)
+		if err == nil {
+			err = r.Err
+		}
+		if err == nil || errors.Is(err, kerr.TopicAlreadyExists) {
+			return nil
+		}
+		if !isRetryable(err) || ctx.Err() != nil {
+			return fmt.Errorf("kafka: create topic %s: %w", topic, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
 }
 
 // connectTimeout bounds how long opening waits for a broker that does not
@@ -189,11 +244,17 @@ func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, er
 }
 
 // OpenTopicURL opens kafka://host:port/topic for publishing. The topic
-// must exist (the opener waits for the cluster to report it).
+// must exist (the opener waits for the cluster to report it), unless the
+// URL says create=true.
 func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
 	p, err := parseURL(u, false)
 	if err != nil {
 		return nil, err
+	}
+	if p.create {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+			return nil, err
+		}
 	}
 	// No linger: the publisher batches per key already (one batch in
 	// flight, what queues behind it goes next); franz-go's 10ms default
@@ -216,11 +277,17 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 }
 
 // OpenSubscriptionURL opens kafka://host:port/topic?group=g&...: a member
-// of consumer group g on topic, which must exist.
+// of consumer group g on topic, which must exist unless the URL says
+// create=true.
 func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
 	p, err := parseURL(u, true)
 	if err != nil {
 		return nil, err
+	}
+	if p.create {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+			return nil, err
+		}
 	}
 	return openSubscription(ctx, p.topic, p.group, &p.subO)
 }

@@ -31,6 +31,17 @@ func TestURLParse(t *testing.T) {
 		o.MaxBatch != 7 || o.MaxPending != 99 || o.MaxMessageBytes != 2000000 || p.topicO.MaxMessageBytes != 2000000 {
 		t.Errorf("options %+v", o)
 	}
+	if p.create || p.partitions != -1 {
+		t.Errorf("create %v partitions %d without create=; want false, -1", p.create, p.partitions)
+	}
+	u, _ = url.Parse("kafka://b1:9092/t?create=true&partitions=12")
+	if p, err := parseURL(u, false); err != nil || !p.create || p.partitions != 12 {
+		t.Errorf("create=true&partitions=12: %+v, %v", p, err)
+	}
+	u, _ = url.Parse("kafka://b1:9092/t?group=g&create=true")
+	if p, err := parseURL(u, true); err != nil || !p.create || p.partitions != -1 {
+		t.Errorf("create=true on a subscription: %+v, %v", p, err)
+	}
 	u, _ = url.Parse("kafka://b1:9092/t?group=g&ordering=exclusive")
 	if p, err := parseURL(u, true); err != nil || p.subO.Ordering != policy.Exclusive {
 		t.Errorf("ordering=exclusive: %v, %v", p, err)
@@ -58,6 +69,10 @@ func TestURLErrors(t *testing.T) {
 		{"kafka://b1:9092/t?group=g&max_batch=0", true, "max_batch"},
 		{"kafka://b1:9092/t?group=g&max_message_size=100", true, "max_message_size"},
 		{"kafka://b1:9092/t?group=g&bogus=s3cr3t", true, "bogus"},
+		{"kafka://b1:9092/t?create=maybe", false, "create"},
+		{"kafka://b1:9092/t?partitions=3", false, "partitions"},
+		{"kafka://b1:9092/t?create=true&partitions=0", false, "partitions"},
+		{"kafka://b1:9092/t?create=true&partitions=100000", false, "partitions"},
 		{"kafka://b1:9092/t?group=g&password=s3cr3t", true, "password"},
 		{"kafka://u:s3cr3t@b1:9092/t?group=g", true, "userinfo"},
 	} {

@@ -16,9 +16,12 @@ replace github.com/keyorder/keyorder/adapters/sqs => ../../../sqs
 
 replace github.com/keyorder/keyorder/adapters/pulsar => ../../../pulsar
 
+replace github.com/keyorder/keyorder/adapters/kafka => ../../../kafka
+
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/keyorder/keyorder v0.1.0
+	github.com/keyorder/keyorder/adapters/kafka v0.1.0
 	github.com/keyorder/keyorder/adapters/postgres v0.1.0
 	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
 	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
@@ -77,14 +80,14 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/klauspost/compress v1.20.2 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	github.com/mschoch/smat v0.2.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
-	github.com/pierrec/lz4/v4 v4.1.22 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/prometheus/client_golang v1.23.0 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
@@ -93,6 +96,9 @@ require (
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	github.com/spaolacci/murmur3 v1.1.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
+	github.com/twmb/franz-go v1.22.3 // indirect
+	github.com/twmb/franz-go/pkg/kadm v1.20.0 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.opencensus.io v0.24.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
