@@ -36,5 +36,7 @@ done <<'TARGETS'
 ./adapters/sqs FuzzURL
 ./adapters/sqs FuzzGroupID
 ./adapters/sqs FuzzEncodeDecode
+./adapters/kafka FuzzURL
+./adapters/kafka FuzzCommitMetadata
 TARGETS
 exit $rc
