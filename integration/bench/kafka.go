@@ -172,7 +172,23 @@ func (e *kafkaRaw) consume(ctx context.Context, chk *orderCheck) error {
 		if ferr != nil {
 			return ferr
 		}
-		fs.EachRecord(func(r *kgo.Record) { chk.see(r.Value) })
+		if handlerWork == 0 {
+			fs.EachRecord(func(r *kgo.Record) { chk.see(r.Value) })
+			continue
+		}
+		// With handler work: one goroutine per partition of the fetch,
+		// each handling its records in order (franz-go's
+		// goroutine-per-partition example), the next poll after all.
+		var wg sync.WaitGroup
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			wg.Go(func() {
+				p.EachRecord(func(r *kgo.Record) {
+					time.Sleep(handlerWork)
+					chk.see(r.Value)
+				})
+			})
+		})
+		wg.Wait()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/publish"
@@ -133,12 +134,18 @@ func (e *koEndpoint) publish(ctx context.Context, w *workload) error {
 func (e *koEndpoint) consume(ctx context.Context, chk *orderCheck) error {
 	sc := e.t.subscribe
 	sc.Logger = quiet()
+	if koWorkers > 0 {
+		sc.Workers = koWorkers
+	}
 	s, err := e.d.openSub(ctx, &sc)
 	if err != nil {
 		return err
 	}
 	defer s.Close(context.Background())
 	return s.Run(ctx, func(_ context.Context, d *keyorder.Delivery) error {
+		if handlerWork > 0 {
+			time.Sleep(handlerWork)
+		}
 		chk.see(d.Payload)
 		return nil
 	})

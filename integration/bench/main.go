@@ -72,6 +72,13 @@ import (
 )
 
 // options are the side-by-side runs' settings.
+// handlerWork (-work) is the handler time per message, and koWorkers
+// (-workers) overrides keyorder's Workers; set once from the flags.
+var (
+	handlerWork time.Duration
+	koWorkers   int
+)
+
 type options struct {
 	n       int
 	keys    []int
@@ -116,6 +123,8 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "directory for <backend>.md and <backend>.png (empty: stdout only)")
 	flag.StringVar(&only, "only", "", "comma-separated substrings of the systems to run (e.g. raw,PublishBatch); pgsuite: river,watermill,keyorder,keys,backlog,latency,retention")
 	flag.BoolVar(&o.quick, "quick", false, "short mode: 2,000 messages, 200 keys")
+	flag.DurationVar(&handlerWork, "work", 0, "kafka: handler time per message on both sides (keyorder's handler; the raw consumer then runs one goroutine per partition, franz-go's own example shape)")
+	flag.IntVar(&koWorkers, "workers", 0, "keyorder's subscribe Workers (0: each backend's setting)")
 	flag.StringVar(&docs, "docs", "", "write this file (docs/benchmarks.md) from the tables in -results and exit; runs no benchmark")
 	flag.StringVar(&resDir, "results", "integration/bench/results", "-docs: the directory of the results tables")
 	// The PostgreSQL suite's own settings.
@@ -176,6 +185,9 @@ func main() {
 	}
 	if o.quick {
 		o = o.quickened()
+	}
+	if handlerWork > 0 && which != "kafka" {
+		log.Fatalf("bench: -work is implemented for -backend kafka only (the other raw sides would run without it)")
 	}
 	names := []string{which}
 	if which == "all" {

@@ -25,7 +25,7 @@ import (
 // SQS settings shared by both sides.
 const (
 	sqsSenders   = 32 // goroutines sending (raw: each owns a share of the groups)
-	sqsReceivers = 4 // raw: goroutines receiving
+	sqsReceivers = 16 // raw: goroutines receiving
 )
 
 func sqsBackend(context.Context) (*backend, error) {
