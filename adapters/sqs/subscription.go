@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -36,6 +37,9 @@ type subscriptionDriver struct {
 	log      *slog.Logger
 
 	oldestFirst bool
+	// backlog: the last Receive got all it asked for, so the next one
+	// asks for all at once (receiveAll) rather than one call first.
+	backlog atomic.Bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -143,7 +147,11 @@ const receiveTimeout = 15 * time.Second
 // further calls without wait, 10 each: SQS hands out nothing of a group
 // with a message in flight, so their groups are not the first call's (a
 // group's chain is never split), and one Receive is not bound to one
-// round trip per 10 messages.
+// round trip per 10 messages. When the previous Receive got all it asked
+// for (a backlog), all the calls are made at once, the first with the
+// wait: the subscriber receives from one goroutine, so the first call's
+// round trip before the others would halve what it receives per round
+// trip.
 // Under Ordered the subscriber holds a chain whose member failed in
 // process (Capabilities.HoldChains), so the chain's later messages are not
 // put back unrun, which would count as an attempt wherever they are
@@ -168,15 +176,25 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 		if s.oldestFirst {
 			ask = MaxBatchMessages
 		}
-		raw, err := s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
+		var raw []types.Message
+		var err error
+		if !s.oldestFirst && maxMessages > first && s.backlog.Load() {
+			// The last Receive found a backlog: ask for all at once.
+			raw, err = s.receiveAll(ctx, maxMessages, wait)
+		} else {
+			raw, err = s.receiveRaw(ctx, s.queueURL, ask, wait, s.lease)
+			if err == nil && len(raw) == first && maxMessages > first {
+				raw = append(raw, s.receiveMore(ctx, maxMessages-first)...)
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, err
 		}
-		if len(raw) == first && maxMessages > first {
-			raw = append(raw, s.receiveMore(ctx, maxMessages-first)...)
+		if !s.oldestFirst {
+			s.backlog.Store(len(raw) == maxMessages)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
 		if len(ms) > 0 {
@@ -228,6 +246,40 @@ func (s *subscriptionDriver) receiveMore(ctx context.Context, n int) []types.Mes
 	}
 	wg.Wait()
 	return out
+}
+
+// receiveAll receives up to n messages in calls of up to 10 made at once,
+// the first waiting up to wait. It fails only when every call failed; a
+// failing call among others is logged, as in receiveMore.
+func (s *subscriptionDriver) receiveAll(ctx context.Context, n int, wait time.Duration) ([]types.Message, error) {
+	var mu sync.Mutex
+	var out []types.Message
+	var errs []error
+	var wg sync.WaitGroup
+	for i := 0; n > 0; i, n = i+1, n-MaxBatchMessages {
+		ask, w := min(n, MaxBatchMessages), time.Duration(0)
+		if i == 0 {
+			w = wait
+		}
+		wg.Go(func() {
+			raw, err := s.receiveRaw(ctx, s.queueURL, ask, w, s.lease)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			out = append(out, raw...)
+		})
+	}
+	wg.Wait()
+	if len(out) == 0 && len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if len(errs) > 0 {
+		s.log.Warn("keyorder sqs: receive failed; the other calls' messages are returned", "queue", s.queueURL, "err", errors.Join(errs...))
+	}
+	return out, nil
 }
 
 func (s *subscriptionDriver) receiveRaw(ctx context.Context, queueURL string, n int, wait, vis time.Duration) ([]types.Message, error) {
@@ -482,9 +534,18 @@ func (s *subscriptionDriver) attempt(rm *types.Message, m *driver.Message, tail 
 	return prior + max(n, 1)
 }
 
-// Ack deletes messages with DeleteMessageBatch.
+// ackFanout is how many DeleteMessageBatch calls one Ack makes at once.
+const ackFanout = 8
+
+// Ack deletes messages with DeleteMessageBatch, up to ackFanout calls of
+// 10 at once: the subscriber acknowledges from one goroutine, so calls
+// made one after another would bound consumption to 10 messages per
+// round trip.
 func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) error {
+	var mu sync.Mutex
 	var errs []error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, ackFanout)
 	for start := 0; start < len(ms); start += MaxBatchMessages {
 		chunk := ms[start:min(start+MaxBatchMessages, len(ms))]
 		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
@@ -493,15 +554,23 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
 			s.book.forget(d.sqsID)
 		}
-		out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sqs: delete from %s: %w", s.queueURL, err))
-			continue
-		}
-		if len(out.Failed) > 0 {
-			errs = append(errs, batchError("delete", out.Failed))
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out, err := s.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+			if err == nil && len(out.Failed) > 0 {
+				err = batchError("delete", out.Failed)
+			} else if err != nil {
+				err = fmt.Errorf("sqs: delete from %s: %w", s.queueURL, err)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

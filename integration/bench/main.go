@@ -47,10 +47,14 @@
 //
 // Diagnostics: -rpcs prints, after each backlog publish, the publish
 // requests the broker received and their sizes (pubsub: a gRPC
-// interceptor; pulsar: the client's metrics); -publish-only skips the
-// consume and end-to-end phases; -alternate runs the systems' rounds in
-// turn; $KEYORDER_BENCH_CPUPROFILE names a file for a CPU profile of the
-// run.
+// interceptor; pulsar: the client's metrics) and, on sqs, after each
+// backlog consume, the consume-side calls per API (calls per message,
+// messages or entries per call, round-trip times, releases and
+// extensions); -publish-only skips the consume and end-to-end phases;
+// -alternate runs the systems' rounds in turn; $KEYORDER_BENCH_CPUPROFILE
+// names a file for a CPU profile of the run; $KEYORDER_BENCH_SERVER_PID
+// names the broker's process, whose CPU time per message consumed is then
+// printed after each backlog consume.
 //
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.

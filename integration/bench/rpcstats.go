@@ -15,7 +15,7 @@ import (
 // rpcs, when set, prints after each measured backlog publish how many
 // publish requests reached the broker and how many messages they carried
 // (on backends that count them: pubsub, pulsar).
-var rpcs = flag.Bool("rpcs", false, "print publish requests per run (pubsub, pulsar)")
+var rpcs = flag.Bool("rpcs", false, "print publish requests per run (pubsub, pulsar) and consume-side calls (sqs)")
 
 // publishOnly skips the consume and end-to-end phases (consume and
 // end-to-end figures read 0).

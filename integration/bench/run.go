@@ -48,6 +48,9 @@ type backend struct {
 	// stats, when set, describes the publish requests of the resource
 	// named id (-rpcs).
 	stats func(id string) string
+	// consumeStats, when set, describes the consume-side requests on the
+	// resource named id, which consumed n messages (-rpcs).
+	consumeStats func(id string, n int) string
 }
 
 // result is one system's figures on one workload (medians over rounds).
@@ -185,9 +188,17 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 		return pub, 0, 0, 0, nil
 	}
 	chk := newOrderCheck(w)
+	cpu0 := brokerCPU()
 	el, err := consumeAll(ctx, ep, chk, time.Now(), nil)
+	if cpu0 >= 0 && err == nil {
+		cpu := brokerCPU() - cpu0
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume: server CPU %.1f ms per 1,000 messages (%.0f ms in %.1f s)\n", len(w.keys), sys.name, cpu*1e6/float64(w.n()), cpu*1000, el.Seconds())
+	}
 	if err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("%s: consume: %w", sys.name, err)
+	}
+	if *rpcs && b.consumeStats != nil {
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume %9.0f msgs/s (load %.2f):%s\n", len(w.keys), sys.name, float64(w.n())/el.Seconds(), loadAvg(), b.consumeStats(id, w.n()))
 	}
 	return pub, float64(w.n()) / el.Seconds(), chk.viol.Load(), chk.dups.Load(), nil
 }
@@ -240,4 +251,20 @@ func consumeAll(ctx context.Context, ep endpoint, chk *orderCheck, start time.Ti
 	stop()
 	wg.Wait()
 	return el, err
+}
+
+// brokerCPU returns the CPU seconds used so far by the process
+// KEYORDER_BENCH_SERVER_PID names (the broker, on this machine, with its
+// children), or -1. The broker's CPU per message consumed depends less on
+// the machine's load than a rate does.
+func brokerCPU() float64 {
+	pid := os.Getenv("KEYORDER_BENCH_SERVER_PID")
+	if pid == "" {
+		return -1
+	}
+	t := serverCPU{pid: pid}.total()
+	if t < 0 {
+		return -1
+	}
+	return t.Seconds()
 }

@@ -33,6 +33,12 @@ func sqsBackend(context.Context) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	var httpClient aws.HTTPClient = sqs.NewHTTPClient()
+	var counts *sqsStats
+	if *rpcs {
+		counts = newSQSStats(httpClient)
+		httpClient = counts
+	}
 	client := awssqs.New(awssqs.Options{
 		BaseEndpoint: aws.String(sqsURL),
 		Region:       "us-east-1",
@@ -42,7 +48,7 @@ func sqsBackend(context.Context) (*backend, error) {
 		// keeps 10 and opens and closes the rest, which ElasticMQ
 		// answered with connection resets under load) and no client-side
 		// retry quota (which turned those resets into failed runs).
-		HTTPClient: sqs.NewHTTPClient(),
+		HTTPClient: httpClient,
 		Retryer:    retry.NewStandard(func(o *retry.StandardOptions) { o.RateLimiter = ratelimit.None }),
 	})
 	opts := &sqs.Options{Ordering: policy.Ordered, WaitTime: time.Second, Logger: quiet()}
@@ -79,6 +85,12 @@ func sqsBackend(context.Context) (*backend, error) {
 			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id) }}},
 			append(koSystems(factory(opts), t), oldestFirstSystems(factory, opts, t)...)...),
 		close: func() {},
+		consumeStats: func(id string, n int) string {
+			if counts == nil {
+				return ""
+			}
+			return counts.consumeLine(id, n)
+		},
 	}, nil
 }
 
