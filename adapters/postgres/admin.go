@@ -229,12 +229,19 @@ func (s *store) deadLetters(ctx context.Context, subID int32, limit int) ([]driv
 	return out, nil
 }
 
+// sqlRedrive takes the dead letters to redrive out of the table. The ids
+// go through ARRAY(SELECT unnest(...)) as in sqlAck, so that each is looked
+// up in dead_letters_msg_id: given 1,000 of them as an array the planner
+// read every dead letter of the subscription (all of the table, with
+// statistics) to find them (TestArrayPlansLookUpKeys).
+const sqlRedrive = `
+DELETE FROM {{schema}}.dead_letters WHERE sub_id = $1 AND msg_id = ANY(ARRAY(SELECT unnest($2::text[])))
+RETURNING id, msg_id, coalesce(msg_key, ''), payload, headers::text, published_at`
+
 func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, error) {
 	var n int
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, s.sql(`
-			DELETE FROM {{schema}}.dead_letters WHERE sub_id = $1 AND msg_id = ANY($2::text[])
-			RETURNING id, msg_id, coalesce(msg_key, ''), payload, headers::text, published_at`), info.id, ids)
+		rows, err := tx.Query(ctx, s.sql(sqlRedrive), info.id, ids)
 		if err != nil {
 			return err
 		}

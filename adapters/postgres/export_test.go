@@ -1,6 +1,10 @@
 package postgres
 
-import "github.com/jackc/pgx/v5"
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // The drivers, for this package's tests: they exercise the driver contract
 // directly (Receive, Ack, ...), which applications reach only through
@@ -15,6 +19,27 @@ type Subscription = pgSubscription
 // SQLAck is the acknowledging statement, for plan tests; Expand puts the
 // schema in.
 const SQLAck = sqlAck
+
+// The other statements that take arrays of ids or keys, for plan tests.
+const (
+	SQLLockRelease   = sqlLockRelease
+	SQLDropIdleHeads = sqlDropIdleHeads
+	SQLReleaseDirect = sqlReleaseDirect
+	SQLExtendKeys    = sqlExtendKeys
+	SQLExtendDirect  = sqlExtendDirect
+	SQLStarted       = sqlStarted
+	SQLRedrive       = sqlRedrive
+)
+
+// SQLRelease is the releasing statement of an Ordered (exclusive false) or
+// Exclusive subscription.
+func SQLRelease(exclusive bool) string {
+	next := nextOrdered
+	if exclusive {
+		next = nextExclusive
+	}
+	return strings.ReplaceAll(sqlRelease, "{{next}}", next)
+}
 
 // Expand replaces {{schema}} in a statement with the quoted schema name.
 func Expand(sql, schema string) string { return expand(sql, pgx.Identifier{schema}.Sanitize()) }

@@ -88,13 +88,25 @@ SELECT extract(epoch FROM least(
 // always leaves the key with a claimable head (trap 1). The lease token
 // condition keeps a consumer whose lease was lost from releasing the chain of
 // the consumer that reclaimed the key.
+//
+// Like the ack's ids (see sqlAck), the keys of these statements and of
+// sqlExtendKeys and sqlStarted, and the ids of sqlReleaseDirect and
+// sqlExtendDirect, also go through ARRAY(SELECT unnest(...)), so that the
+// heads and deliveries are looked up in their primary key. Planned with
+// the 1,000 keys or ids themselves, or with a generic plan, they read every
+// head (or delivery) of the subscription, by a scan or through its sub_id
+// range of an index, to hash it and join it with the array, with or
+// without statistics (TestArrayPlansLookUpKeys). The join with unnest
+// stays: it pairs each key or id with its token.
 const sqlLockRelease = `
-SELECT 1 FROM {{schema}}.heads WHERE sub_id = $1 AND msg_key = ANY($2::text[]) ORDER BY msg_key FOR UPDATE`
+SELECT 1 FROM {{schema}}.heads WHERE sub_id = $1 AND msg_key = ANY(ARRAY(SELECT unnest($2::text[])))
+ORDER BY msg_key FOR UPDATE`
 
 const sqlRelease = `
 UPDATE {{schema}}.heads h SET lease_token = NULL, chain_end = NULL, (claimable_at, from_id) = ({{next}})
 FROM unnest($2::text[], $3::bigint[]) AS r(key, token)
-WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token`
+WHERE h.sub_id = $1 AND h.msg_key = ANY(ARRAY(SELECT unnest($2::text[])))
+  AND h.msg_key = r.key AND h.lease_token = r.token`
 
 // nextOrdered: the head message decides when an Ordered key is claimable
 // ('infinity' when nothing is pending; the head is then dropped).
@@ -156,18 +168,21 @@ WHERE sub_id = $1 AND id = $2 AND lease_token = $4`
 const sqlReleaseDirect = `
 UPDATE {{schema}}.deliveries d SET attempts = greatest(d.attempts - 1, 0), can_run_after = now(), lease_token = NULL
 FROM unnest($2::bigint[], $3::bigint[]) AS r(id, token)
-WHERE d.sub_id = $1 AND d.id = r.id AND d.lease_token = r.token`
+WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[])))
+  AND d.id = r.id AND d.lease_token = r.token`
 
 const sqlExtendKeys = `
 UPDATE {{schema}}.heads h SET claimable_at = now() + $4::interval
 FROM unnest($2::text[], $3::bigint[]) AS r(key, token)
-WHERE h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token
+WHERE h.sub_id = $1 AND h.msg_key = ANY(ARRAY(SELECT unnest($2::text[])))
+  AND h.msg_key = r.key AND h.lease_token = r.token
 RETURNING h.msg_key, h.lease_token`
 
 const sqlExtendDirect = `
 UPDATE {{schema}}.deliveries d SET can_run_after = now() + $4::interval
 FROM unnest($2::bigint[], $3::bigint[]) AS r(id, token)
-WHERE d.sub_id = $1 AND d.id = r.id AND d.lease_token = r.token
+WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[])))
+  AND d.id = r.id AND d.lease_token = r.token
 RETURNING d.id`
 
 const sqlDeadLetter = `
@@ -180,12 +195,14 @@ ON CONFLICT (sub_id, id) DO NOTHING`
 // sqlStarted records the highest id of each leased chain whose handler
 // started (migration 004). It locks the heads in key order first, as
 // publishers and releases do, so it never deadlocks with them; a chain whose
-// lease is no longer ours matches nothing and is not locked.
+// lease is no longer ours matches nothing and is not locked. The keys are
+// looked up as in sqlRelease.
 const sqlStarted = `
 WITH l AS (
     SELECT h.ctid AS row_id, r.id FROM {{schema}}.heads h
     JOIN unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(key, token, id)
-      ON h.sub_id = $1 AND h.msg_key = r.key AND h.lease_token = r.token
+      ON h.sub_id = $1 AND h.msg_key = ANY(ARRAY(SELECT unnest($2::text[])))
+     AND h.msg_key = r.key AND h.lease_token = r.token
     ORDER BY h.msg_key
     FOR UPDATE OF h
 )
