@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // producer returns the client that writes dead letters and redrives, made
@@ -167,30 +168,7 @@ func header(r *kgo.Record, k string) (string, bool) {
 }
 
 func deadLetterOf(r *kgo.Record) driver.DeadLetter {
-	m := fromRecord(r)
-	dl := driver.DeadLetter{DeadAt: m.PublishTime}
-	for _, k := range []string{HeaderReason, HeaderAttempts, HeaderDeadAt} {
-		v, ok := m.Headers[k]
-		if !ok {
-			continue
-		}
-		delete(m.Headers, k)
-		switch k {
-		case HeaderReason:
-			dl.Reason = v
-		case HeaderAttempts:
-			dl.Attempts, _ = strconv.Atoi(v)
-		case HeaderDeadAt:
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-				dl.DeadAt = t
-			}
-		}
-	}
-	if len(m.Headers) == 0 {
-		m.Headers = nil
-	}
-	dl.Message = *m
-	return dl
+	return driverkit.DeadLetterOf(fromRecord(r))
 }
 
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest

@@ -115,6 +115,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // Scheme is the URL scheme the package registers.
@@ -129,11 +130,11 @@ const (
 	// HeaderNotBefore carries Message.NotBefore (RFC 3339, nanoseconds).
 	HeaderNotBefore = "keyorder-not-before"
 	// HeaderReason carries a dead letter's reason.
-	HeaderReason = "keyorder-reason"
+	HeaderReason = driverkit.HeaderDeadReason
 	// HeaderAttempts carries a dead letter's attempt count.
-	HeaderAttempts = "keyorder-attempts"
+	HeaderAttempts = driverkit.HeaderDeadAttempts
 	// HeaderDeadAt carries when a record was dead-lettered (RFC 3339).
-	HeaderDeadAt = "keyorder-dead-at"
+	HeaderDeadAt = driverkit.HeaderDeadAt
 	// HeaderRedriven marks, on a dead-letter topic, that the dead letter
 	// with this message ID was redriven.
 	HeaderRedriven = "keyorder-redriven"

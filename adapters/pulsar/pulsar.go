@@ -142,6 +142,7 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // Scheme is the URL scheme the package registers; SchemeTLS the one that
@@ -160,11 +161,11 @@ const (
 	// PropNotBefore carries Message.NotBefore (RFC 3339, nanoseconds).
 	PropNotBefore = "keyorder-not-before"
 	// PropReason carries a dead letter's reason.
-	PropReason = "keyorder-reason"
+	PropReason = driverkit.HeaderDeadReason
 	// PropAttempts carries a dead letter's attempt count.
-	PropAttempts = "keyorder-attempts"
+	PropAttempts = driverkit.HeaderDeadAttempts
 	// PropDeadAt carries when a message was dead-lettered (RFC 3339).
-	PropDeadAt = "keyorder-dead-at"
+	PropDeadAt = driverkit.HeaderDeadAt
 	// PropRedriven marks, on a dead-letter topic, that the dead letter with
 	// this message ID was redriven.
 	PropRedriven = "keyorder-redriven"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -635,30 +636,7 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 }
 
 func deadLetterOf(pm pulsar.Message) driver.DeadLetter {
-	m := fromMessage(pm)
-	dl := driver.DeadLetter{DeadAt: m.PublishTime}
-	for _, k := range []string{PropReason, PropAttempts, PropDeadAt} {
-		v, ok := m.Headers[k]
-		if !ok {
-			continue
-		}
-		delete(m.Headers, k)
-		switch k {
-		case PropReason:
-			dl.Reason = v
-		case PropAttempts:
-			dl.Attempts, _ = strconv.Atoi(v)
-		case PropDeadAt:
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-				dl.DeadAt = t
-			}
-		}
-	}
-	if len(m.Headers) == 0 {
-		m.Headers = nil
-	}
-	dl.Message = *m
-	return dl
+	return driverkit.DeadLetterOf(fromMessage(pm))
 }
 
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest

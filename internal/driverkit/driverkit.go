@@ -9,6 +9,8 @@ package driverkit
 import (
 	"fmt"
 	"maps"
+	"strconv"
+	"time"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/driver"
@@ -64,4 +66,39 @@ func PrepareTo(dst *driver.Message, m *keyorder.Message, defaultKey string, reje
 		dst.ID = keyorder.NewID()
 	}
 	return nil
+}
+
+// The headers of a dead letter kept as a message on a dead-letter topic
+// (Pulsar, Kafka): why, after how many attempts, and when it died.
+const (
+	HeaderDeadReason   = "keyorder-reason"
+	HeaderDeadAttempts = "keyorder-attempts"
+	HeaderDeadAt       = "keyorder-dead-at"
+)
+
+// DeadLetterOf reads the dead letter kept as m on a dead-letter topic: its
+// reason, attempts and time from the dead-letter headers, which it removes
+// from m (m's headers become nil when none are left), and m itself. A
+// missing or malformed time leaves m's publish time.
+func DeadLetterOf(m *driver.Message) driver.DeadLetter {
+	dl := driver.DeadLetter{DeadAt: m.PublishTime}
+	if v, ok := m.Headers[HeaderDeadReason]; ok {
+		dl.Reason = v
+	}
+	if v, ok := m.Headers[HeaderDeadAttempts]; ok {
+		dl.Attempts, _ = strconv.Atoi(v)
+	}
+	if v, ok := m.Headers[HeaderDeadAt]; ok {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			dl.DeadAt = t
+		}
+	}
+	delete(m.Headers, HeaderDeadReason)
+	delete(m.Headers, HeaderDeadAttempts)
+	delete(m.Headers, HeaderDeadAt)
+	if len(m.Headers) == 0 {
+		m.Headers = nil
+	}
+	dl.Message = *m
+	return dl
 }
