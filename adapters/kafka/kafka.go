@@ -142,10 +142,10 @@ const (
 
 // Limits and defaults.
 const (
-	// DefaultMaxMessageBytes is what a record may take by default: the
+	// MaxMessageBytesDefault is what a record may take by default: the
 	// broker's message.max.bytes is 1 MiB (1,048,588) and franz-go's
 	// ProducerBatchMaxBytes 1,000,012; this stays under both.
-	DefaultMaxMessageBytes = 1_000_000
+	MaxMessageBytesDefault = 1_000_000
 	// MetadataRoom is what the payload limit leaves of the maximum record
 	// size for the key, headers and record overhead.
 	MetadataRoom = 64 * 1024

@@ -71,7 +71,7 @@ type SubscriptionOptions struct {
 	// does). Zero keeps franz-go's default (45s).
 	SessionTimeout time.Duration
 	// MaxMessageBytes is the broker's maximum record size, for dead
-	// letters and redrives. Defaults to DefaultMaxMessageBytes.
+	// letters and redrives. Defaults to MaxMessageBytesDefault.
 	MaxMessageBytes int
 	// ClientOptions are added to the options of the clients the driver
 	// makes (seed brokers, TLS, SASL, client ID, ...). The driver sets
@@ -105,7 +105,7 @@ func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
 		out.RevokeTimeout = RevokeTimeoutDefault
 	}
 	if out.MaxMessageBytes <= MetadataRoom {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
+		out.MaxMessageBytes = MaxMessageBytesDefault
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

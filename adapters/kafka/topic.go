@@ -18,7 +18,7 @@ import (
 type TopicOptions struct {
 	// MaxMessageBytes is the broker's message.max.bytes (or the topic's
 	// max.message.bytes) when it is not the default; the payload limit is
-	// this less MetadataRoom. Defaults to DefaultMaxMessageBytes.
+	// this less MetadataRoom. Defaults to MaxMessageBytesDefault.
 	MaxMessageBytes int
 }
 
@@ -26,7 +26,7 @@ func (o *TopicOptions) maxMessageBytes() int {
 	if o != nil && o.MaxMessageBytes > MetadataRoom {
 		return o.MaxMessageBytes
 	}
-	return DefaultMaxMessageBytes
+	return MaxMessageBytesDefault
 }
 
 // topicDriver is the driver.Topic driver of a Kafka topic.
