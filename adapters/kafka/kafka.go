@@ -62,7 +62,7 @@
 //
 // Backpressure: a partition may have at most max_pending records between
 // its committed offset and the last one handed out, and its done runs must
-// fit the commit metadata (MaxMetadataBytes, under the broker's
+// fit the commit metadata (MaxMetadataBytesDefault, under the broker's
 // offset.metadata.max.bytes of 4096): beyond either, the driver stops
 // handing out that partition's records (it pauses fetching it) until the
 // committed offset moves.

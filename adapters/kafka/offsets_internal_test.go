@@ -23,7 +23,7 @@ func TestOffsetMapCommitsContiguous(t *testing.T) {
 	if m.base != 10 {
 		t.Fatalf("base %d, want 10 (offset 10 not done)", m.base)
 	}
-	meta := m.metadata(map[int64]int{13: 2}, MaxMetadataBytes)
+	meta := m.metadata(map[int64]int{13: 2}, MaxMetadataBytesDefault)
 	m.complete(10)
 	if m.base != 13 {
 		t.Fatalf("base %d after completing 10, want 13", m.base)
@@ -84,8 +84,8 @@ func TestOffsetMapRandom(t *testing.T) {
 		if runs != m.runs {
 			t.Fatalf("seed %d: runs %d, counted %d", seed, m.runs, runs)
 		}
-		meta := m.metadata(nil, MaxMetadataBytes)
-		if len(meta) > MaxMetadataBytes {
+		meta := m.metadata(nil, MaxMetadataBytesDefault)
+		if len(meta) > MaxMetadataBytesDefault {
 			t.Fatalf("seed %d: metadata of %d bytes", seed, len(meta))
 		}
 		// A new owner restores base and metadata: it skips exactly the

@@ -29,9 +29,9 @@ const (
 	// MaxPendingDefault is how many records a partition may have between
 	// its committed offset and the last one handed out.
 	MaxPendingDefault = 10_000
-	// MaxMetadataBytes is the longest commit metadata the driver writes
+	// MaxMetadataBytesDefault is the longest commit metadata the driver writes
 	// (the broker's offset.metadata.max.bytes defaults to 4096).
-	MaxMetadataBytes = 4000
+	MaxMetadataBytesDefault = 4000
 	// CommitIntervalDefault is how often completed offsets are committed.
 	CommitIntervalDefault = time.Second
 	// RevokeTimeoutDefault bounds the wait for a revoked partition's
@@ -58,7 +58,7 @@ type SubscriptionOptions struct {
 	// handing out more of it. Defaults to MaxPendingDefault.
 	MaxPending int
 	// MaxMetadataBytes bounds the commit metadata. Defaults to
-	// MaxMetadataBytes.
+	// MaxMetadataBytesDefault.
 	MaxMetadataBytes int
 	// CommitInterval is how often completed offsets are committed.
 	// Defaults to CommitIntervalDefault.
@@ -96,7 +96,7 @@ func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
 		out.MaxPending = MaxPendingDefault
 	}
 	if out.MaxMetadataBytes <= 0 {
-		out.MaxMetadataBytes = MaxMetadataBytes
+		out.MaxMetadataBytes = MaxMetadataBytesDefault
 	}
 	if out.CommitInterval <= 0 {
 		out.CommitInterval = CommitIntervalDefault
