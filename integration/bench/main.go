@@ -54,7 +54,8 @@
 // -alternate runs the systems' rounds in turn; $KEYORDER_BENCH_CPUPROFILE
 // names a file for a CPU profile of the run; $KEYORDER_BENCH_SERVER_PID
 // names the broker's process, whose CPU time per message consumed is then
-// printed after each backlog consume.
+// printed after each backlog consume; -raw-attrs (sqs) adds a raw system
+// sending and receiving the message attributes keyorder sends.
 //
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"flag"
 	"fmt"
 	"slices"
 	"strconv"
@@ -27,6 +29,13 @@ const (
 	sqsSenders   = 32 // goroutines sending (raw: each owns a share of the groups)
 	sqsReceivers = 16 // raw: goroutines receiving
 )
+
+// rawAttrs adds a raw system that sends the message attributes keyorder's
+// topic driver sends (keyorder-id, keyorder-key, keyorder-encoding) and a
+// keyorder-like deduplication ID, and receives them back
+// (MessageAttributeNames All), to measure what the attributes cost the
+// broker apart from the rest of keyorder.
+var rawAttrs = flag.Bool("raw-attrs", false, "sqs: also run the raw client sending and receiving keyorder's message attributes")
 
 func sqsBackend(context.Context) (*backend, error) {
 	sqsURL, err := env("KEYORDER_SQS_ENDPOINT", "sqs")
@@ -81,8 +90,7 @@ func sqsBackend(context.Context) (*backend, error) {
 			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines. The consumer receives up to 10 per ReceiveMessage call, chains of a group included, "+
 			"and holds a chain whose member failed in process (the default, safe with any number of consuming processes); the OldestFirst row "+
 			"also asks for 10 and hands out the oldest group heads first, putting back the surplus (one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, sqsSenders),
-		systems: append([]system{{name: "raw aws-sdk-go-v2", ref: true,
-			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id) }}},
+		systems: append(rawSystems(client),
 			append(koSystems(factory(opts), t), oldestFirstSystems(factory, opts, t)...)...),
 		close: func() {},
 		consumeStats: func(id string, n int) string {
@@ -92,6 +100,18 @@ func sqsBackend(context.Context) (*backend, error) {
 			return counts.consumeLine(id, n)
 		},
 	}, nil
+}
+
+// rawSystems returns the raw client and, with -raw-attrs, the raw client
+// sending keyorder's attributes.
+func rawSystems(client *awssqs.Client) []system {
+	out := []system{{name: "raw aws-sdk-go-v2", ref: true,
+		open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id, false) }}}
+	if *rawAttrs {
+		out = append(out, system{name: "raw +keyorder attrs",
+			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id, true) }})
+	}
+	return out
 }
 
 // oldestFirstSystems returns keyorder PublishAsync with the consumer in
@@ -125,9 +145,10 @@ type sqsRaw struct {
 	client *awssqs.Client
 	name   string
 	url    *string
+	attrs  bool // send and receive keyorder's attributes (-raw-attrs)
 }
 
-func openSQSRaw(ctx context.Context, client *awssqs.Client, id string) (endpoint, error) {
+func openSQSRaw(ctx context.Context, client *awssqs.Client, id string, attrs bool) (endpoint, error) {
 	out, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{
 		QueueName: aws.String(id + ".fifo"),
 		Attributes: map[string]string{
@@ -139,7 +160,7 @@ func openSQSRaw(ctx context.Context, client *awssqs.Client, id string) (endpoint
 	if err != nil {
 		return nil, err
 	}
-	return &sqsRaw{client: client, name: id + ".fifo", url: out.QueueUrl}, nil
+	return &sqsRaw{client: client, name: id + ".fifo", url: out.QueueUrl, attrs: attrs}, nil
 }
 
 func (e *sqsRaw) publish(ctx context.Context, w *workload) error {
@@ -156,6 +177,19 @@ func (e *sqsRaw) publish(ctx context.Context, w *workload) error {
 						entries[j] = types.SendMessageBatchRequestEntry{
 							Id: aws.String(id), MessageBody: aws.String(base64.StdEncoding.EncodeToString(w.payloads[i])),
 							MessageGroupId: aws.String(w.key(i)), MessageDeduplicationId: aws.String(id),
+						}
+						if e.attrs {
+							// What keyorder's encode sends for a message
+							// with a key, no ID and a binary payload.
+							var b [16]byte
+							rand.Read(b[:])
+							mid := base64.RawURLEncoding.EncodeToString(b[:])
+							entries[j].MessageDeduplicationId = aws.String(mid)
+							entries[j].MessageAttributes = map[string]types.MessageAttributeValue{
+								sqs.AttrID:       {DataType: aws.String("String"), StringValue: aws.String(mid)},
+								sqs.AttrKey:      {DataType: aws.String("String"), StringValue: aws.String(w.key(i))},
+								sqs.AttrEncoding: {DataType: aws.String("String"), StringValue: aws.String("base64")},
+							}
 						}
 					}
 					out, err := e.client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: e.url, Entries: entries})
@@ -181,9 +215,11 @@ func (e *sqsRaw) consume(ctx context.Context, chk *orderCheck) error {
 	for range sqsReceivers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				out, err := e.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-					QueueUrl: e.url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
-				})
+				in := &awssqs.ReceiveMessageInput{QueueUrl: e.url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1}
+				if e.attrs {
+					in.MessageAttributeNames = []string{"All"}
+				}
+				out, err := e.client.ReceiveMessage(ctx, in)
 				if err != nil {
 					if ctx.Err() == nil {
 						errs <- err
