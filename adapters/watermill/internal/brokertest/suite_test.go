@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
+	_ "github.com/keyorder/keyorder/adapters/kafka"
 	_ "github.com/keyorder/keyorder/adapters/memory"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
-	_ "github.com/keyorder/keyorder/adapters/kafka"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
 	wmk "github.com/keyorder/keyorder/adapters/watermill"
