@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs staticcheck over every module of go.work (the root module and each
+# Runs staticcheck (and gofmt -l) over every module of go.work (the root module and each
 # module listed in its `use` block) in one invocation, so packages shared by
 # several modules are analysed once. Any finding fails the script.
 #
@@ -22,3 +22,12 @@ mapfile -t patterns < <(go list -m -f '{{.Dir}}' | sed "s|^$PWD|.|; s|\$|/...|")
 echo "lint: staticcheck ${STATICCHECK#*@} over ${#patterns[@]} modules" >&2
 go run "$STATICCHECK" "${patterns[@]}"
 echo "lint: staticcheck found nothing" >&2
+
+# gofmt over every tracked Go file: staticcheck does not check formatting.
+unformatted=$(git ls-files -z '*.go' | xargs -0 gofmt -l)
+if [ -n "$unformatted" ]; then
+	echo "lint: gofmt would change these files (run gofmt -w):" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+echo "lint: gofmt found nothing" >&2
