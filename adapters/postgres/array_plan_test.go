@@ -25,9 +25,13 @@ import (
 // (the values known: a prepared statement's first executions, an unnamed
 // statement's every one) and a generic plan. Given the arrays themselves
 // the planner hashed every head (or delivery, or dead letter) of the
-// subscription and joined it with them. Then it runs each statement with
-// every other token wrong and checks the rows it touched, so that hiding
-// the arrays from the planner still pairs each key or id with its token.
+// subscription and joined it with them; the ack, given its ids, scanned
+// the subscription's deliveries and, with fresh statistics, nested-looped
+// every message against the acked rows (seconds per ack). Then it runs
+// each statement with every other token wrong and checks the rows it
+// touched, so that hiding the arrays from the planner still pairs each key
+// or id with its token, and runs the ack and checks that it deleted
+// exactly the acked deliveries and the bodies no other subscription holds.
 func TestArrayPlansLookUpKeys(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t, 3*time.Minute)
@@ -108,7 +112,7 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		args []any
 		rows int64 // rows the statement touches; -1: checked elsewhere
 	}{
-		{"Ack", postgres.SQLAck, []any{subs["p"], ids, topicID}, -1}, // TestAckPlanLooksUpIDs
+		{"Ack", postgres.SQLAck, []any{subs["p"], ids, topicID}, -1}, // run below
 		{"LockRelease", postgres.SQLLockRelease, []any{subs["o"], ks}, k},
 		{"Release/Ordered", postgres.SQLRelease(false), []any{subs["o"], ks, tokens}, k / 2},
 		{"Release/Exclusive", postgres.SQLRelease(true), []any{subs["x"], ks, tokens}, k / 2},
@@ -150,6 +154,53 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// The ack of the Parallel subscription's 1,000 deliveries, after the
+	// other two subscriptions acked the first half of those messages: it
+	// deletes the 1,000 deliveries and the 500 bodies nobody else holds.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s.deliveries WHERE sub_id = ANY($1) AND id = ANY($2)", q),
+		[]int32{subs["o"], subs["x"]}, ids[:k/2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, postgres.Expand(postgres.SQLAck, e.schema), subs["p"], ids, topicID); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	var deliveries, bodies, ackedLeft, kept, held int
+	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT
+		(SELECT count(*) FROM %[1]s.deliveries),
+		(SELECT count(*) FROM %[1]s.messages),
+		(SELECT count(*) FROM %[1]s.deliveries WHERE sub_id = $1 AND id = ANY($2)),
+		(SELECT count(*) FROM %[1]s.messages WHERE id = ANY($2)),
+		(SELECT count(*) FROM %[1]s.messages WHERE id = ANY($3))`, q),
+		subs["p"], ids, ids[k/2:]).Scan(&deliveries, &bodies, &ackedLeft, &kept, &held); err != nil {
+		t.Fatal(err)
+	}
+	if deliveries != 3*n-2*k || bodies != n-k/2 || ackedLeft != 0 || kept != k/2 || held != k/2 {
+		t.Errorf("after the ack of %d deliveries, %d of them acked elsewhere: %d deliveries (want %d) and %d bodies (want %d) left; "+
+			"%d of the acked deliveries and %d of their bodies still there (want 0 and %d), %d of those held elsewhere (want %d)",
+			k, k/2, deliveries, 3*n-2*k, bodies, n-k/2, ackedLeft, kept, k/2, held, k/2)
+	}
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	Type      string     `json:"Node Type"`
+	Relation  string     `json:"Relation Name"`
+	Index     string     `json:"Index Name"`
+	IndexCond string     `json:"Index Cond"`
+	Plans     []planNode `json:"Plans"`
+}
+
+func (p planNode) walk(f func(planNode)) {
+	f(p)
+	for _, c := range p.Plans {
+		c.walk(f)
 	}
 }
 

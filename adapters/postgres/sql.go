@@ -139,7 +139,7 @@ WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND clai
 // scanning the subscription's deliveries and picked the scan — every
 // delivery of the subscription read per ack — and, with fresh statistics,
 // a nested loop of every message against the acked rows: 10 s for 1,000
-// ids over 100,000 messages instead of 3 ms (TestAckPlanLooksUpIDs).
+// ids over 100,000 messages instead of 3 ms (TestArrayPlansLookUpKeys).
 const sqlAck = `
 WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY(ARRAY(SELECT unnest($2::bigint[]))) RETURNING id)
 DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
