@@ -113,14 +113,15 @@ func anchor(h string) string {
 	return b.String()
 }
 
-// pages returns README.md and docs/*.md, relative to root.
+// pages returns README.md, docs/*.md and the READMEs the docs send
+// contributors to, relative to root.
 func pages(t *testing.T) []string {
 	t.Helper()
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := []string{"README.md"}
+	out := []string{"README.md", "adapters/postgres/README.md", "integration/README.md"}
 	for _, d := range docs {
 		rel, err := filepath.Rel(root, d)
 		if err != nil {
