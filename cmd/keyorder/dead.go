@@ -280,20 +280,39 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 }
 
 // readLine reads the answer to a prompt from stdin, unless ctx (the
-// --timeout, an interrupt) ends first. An unanswered read is left behind:
-// the process is about to exit.
+// --timeout, an interrupt) ends first.
 func (c *cli) readLine(ctx context.Context) (string, error) {
-	ch := make(chan string, 1)
-	go func() {
+	line, err := interruptible(ctx, func() (string, error) {
 		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
-		ch <- line
+		return line, nil
+	})
+	if err != nil {
+		c.eprintf("\n")
+		return "", fmt.Errorf("confirmation: %w", err)
+	}
+	return line, nil
+}
+
+// interruptible returns what read returns, unless ctx ends first: then it
+// returns ctx's cause (the --timeout, an interrupt) and leaves read behind,
+// blocked on standard input, which no context can unblock; the process is
+// about to exit.
+func interruptible[T any](ctx context.Context, read func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := read()
+		ch <- result{v, err}
 	}()
 	select {
-	case line := <-ch:
-		return line, nil
+	case r := <-ch:
+		return r.v, r.err
 	case <-ctx.Done():
-		c.eprintf("\n")
-		return "", fmt.Errorf("confirmation: %w", context.Cause(ctx))
+		var zero T
+		return zero, context.Cause(ctx)
 	}
 }
 

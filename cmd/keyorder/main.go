@@ -38,6 +38,7 @@
 //	3  the backend cannot do it (keyorder.ErrUnsupported)
 //	4  not found (a subscription, topic or dead letter)
 //	5  not confirmed (a redrive of everything was declined)
+//	130  interrupted (SIGINT); 143 for SIGTERM
 package main
 
 import (
@@ -78,10 +79,47 @@ const (
 const defaultTimeout = 30 * time.Second
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// interrupted is the cause of the command's context when a signal ended
+// it; run then exits 128 + the signal's number.
+type interrupted struct{ sig syscall.Signal }
+
+func (e *interrupted) Error() string {
+	switch e.sig {
+	case syscall.SIGINT:
+		return "interrupted (SIGINT)"
+	case syscall.SIGTERM:
+		return "interrupted (SIGTERM)"
+	}
+	return fmt.Sprintf("interrupted (signal %d)", int(e.sig))
+}
+
+// notifyContext is signal.NotifyContext with the signal as a cause run can
+// read (signal.NotifyContext's cause only describes it). After the first
+// signal the process has its default handling back, so a second one ends
+// a command that does not stop (a broker call that ignores its context).
+func notifyContext(parent context.Context, sigs ...os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	go func() {
+		select {
+		case s := <-ch:
+			signal.Stop(ch)
+			sig, _ := s.(syscall.Signal)
+			cancel(&interrupted{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		cancel(nil)
+	}
 }
 
 // command describes a command for its --help.
@@ -195,7 +233,22 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 func (c *cli) run(ctx context.Context, args []string) int {
 	c.timeout = defaultTimeout
 	err := c.dispatch(ctx, args)
-	if err == nil || errors.Is(err, errHelp) {
+	if errors.Is(err, errHelp) {
+		err = nil
+	}
+	var in *interrupted
+	if errors.As(context.Cause(ctx), &in) {
+		// Whatever the command made of it: tail stops successfully, a
+		// broker call fails with context.Canceled.
+		if err != nil {
+			if !errors.As(err, new(*interrupted)) {
+				err = fmt.Errorf("%w: %w", in, err)
+			}
+			fmt.Fprintln(c.stderr, "keyorder: "+c.message(err))
+		}
+		return 128 + int(in.sig)
+	}
+	if err == nil {
 		return exitOK
 	}
 	if c.cmdCtx != nil {

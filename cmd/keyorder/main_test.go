@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -330,6 +331,108 @@ func TestBinary(t *testing.T) {
 	code, stdout, _ := runBin("version")
 	if code != 0 || modVersion == "" || !strings.HasPrefix(stdout, "keyorder "+modVersion+"\n") || !strings.Contains(stdout, "\ngo       go1.") {
 		t.Errorf("version: exit %d, printed\n%s\nwant the module version %q (go version -m)", code, stdout, modVersion)
+	}
+	// A signal while publish waits for standard input (a pipe its writer
+	// never closes, no --timeout) ends it with 128 + the signal's number.
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+		msg  string
+	}{
+		{syscall.SIGINT, 130, "interrupted (SIGINT)"},
+		{syscall.SIGTERM, 143, "interrupted (SIGTERM)"},
+	} {
+		signalPublish(t, bin, tc.sig, tc.code, tc.msg)
+	}
+}
+
+// signalPublish starts bin's publish reading a pipe that never closes,
+// sends the process sig once it is reading, and wants exit code and msg on
+// stderr.
+func signalPublish(t *testing.T, bin string, sig syscall.Signal, code int, msg string) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	var errb bytes.Buffer
+	c := exec.Command(bin, "publish", "postgres://ops@127.0.0.1:1/db?topic=t", "--key", "k", "--timeout", "0")
+	c.Stdin, c.Stderr = pr, &errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- c.Wait() }()
+	// Once it has taken more than a pipe holds, it is reading: its signal
+	// handling is set up.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := pw.Write(make([]byte, 1<<20))
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-exited:
+		t.Fatalf("%v: publish exited before reading its standard input: %v\n%s", sig, err, errb.String())
+	case <-time.After(time.Minute):
+		c.Process.Kill()
+		<-exited
+		t.Fatalf("%v: publish did not read its standard input within a minute", sig)
+	}
+	if err := c.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		c.Process.Kill()
+		<-exited
+		t.Fatalf("%v: publish still reading its standard input a minute after the signal", sig)
+	}
+	if got := c.ProcessState.ExitCode(); got != code || !strings.Contains(errb.String(), "keyorder: read payload from standard input: "+msg) {
+		t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", sig, got, errb.String(), code, msg)
+	}
+}
+
+// publish reads standard input within --timeout and the command's context:
+// a writer that never closes its pipe fails the command (exit 1 for the
+// timeout, 130 for an interrupt) instead of keeping it running.
+func TestPublishStdinStalled(t *testing.T) {
+	n := time.Now().UnixNano()
+	topic := fmt.Sprintf("mem://cli-stdin-%d", n)
+	interrupt, cancel := context.WithCancelCause(context.Background())
+	cancel(&interrupted{syscall.SIGINT})
+	for _, tc := range []struct {
+		ctx     context.Context
+		timeout string
+		code    int
+		msg     string
+	}{
+		{context.Background(), "200ms", exitFailure, "timed out after 200ms (--timeout; 0 for none)"},
+		{interrupt, "0", 130, "interrupted (SIGINT)"},
+	} {
+		pr, pw := io.Pipe()
+		var out, errb bytes.Buffer
+		c := &cli{stdin: pr, stdout: &out, stderr: &errb, allowMem: true}
+		done := make(chan int, 1)
+		go func() { done <- c.run(tc.ctx, []string{"publish", topic, "--key", "k", "--timeout", tc.timeout}) }()
+		var code int
+		select {
+		case code = <-done:
+		case <-time.After(time.Minute):
+			pw.Close() // ends the read, so that the command returns
+			<-done
+			t.Fatalf("--timeout %s: publish still reading standard input a minute later", tc.timeout)
+		}
+		pw.Close()
+		if code != tc.code || out.Len() != 0 || !strings.Contains(errb.String(), "keyorder: read payload from standard input: "+tc.msg) {
+			t.Errorf("--timeout %s: exit %d, stdout %q, stderr %q; want exit %d and %q", tc.timeout, code, out.String(), errb.String(), tc.code, tc.msg)
+		}
 	}
 }
 

@@ -44,7 +44,12 @@ func (c *cli) publish(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	payload, err := io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
+	// Read as the command's context allows: a writer that stalls (a pipe
+	// never closed) must not keep the command past --timeout or an
+	// interrupt.
+	payload, err := interruptible(ctx, func() ([]byte, error) {
+		return io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
+	})
 	if err != nil {
 		return fmt.Errorf("read payload from standard input: %w", err)
 	}
