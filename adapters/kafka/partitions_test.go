@@ -24,12 +24,12 @@ type traceLog struct {
 	debug bool
 
 	mu      sync.Mutex
-	writes  map[int16]int          // request key -> requests written
+	writes  map[int16]int           // request key -> requests written
 	batches map[int32]time.Duration // partition -> first fetched batch
 }
 
 func newTraceLog(t testing.TB) *traceLog {
-	return &traceLog{t: t, start: time.Now(), debug: os.Getenv("KEYORDER_KAFKA_TRACE") != "",
+	return &traceLog{t: t, start: time.Now(), debug: os.Getenv("KEYORDER_KAFKA_TRACE") == "debug",
 		writes: map[int16]int{}, batches: map[int32]time.Duration{}}
 }
 
