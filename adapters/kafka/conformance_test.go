@@ -101,12 +101,27 @@ const conformancePartitions = 4
 // (conformancePartitions partitions) and group, and each consumer its own
 // client (as a separate process would).
 //
-// The suite's schedules compare messages of different keys by publish
-// order (WorkedExample: the oldest deliverable runs first;
-// PublishDelayHoldsGroup: b1 before the delayed a1). Kafka orders records
-// only within a partition; the driver hands out the records fetched
-// together merged by record timestamp (handOut), so what a case published
-// before its consumer started reaches the process in publish order.
+// Two of the suite's schedules compare messages of different keys by
+// publish order (WorkedExample: the oldest deliverable runs first;
+// PublishDelayHoldsGroup: b1 before the delayed a1), and Kafka orders
+// records only within a partition. They pass on several partitions
+// because of two things, each traced to a failure on 4 partitions:
+//
+//   - The driver hands out the records fetched together merged by record
+//     timestamp (handOut). Handing out each partition's backlog in turn,
+//     WorkedExample failed 6 runs in 8 (s2 handed out before b1; every
+//     partition's first batch came in one fetch).
+//   - createTopic waits until the broker leads every partition. Without
+//     it a case's first publish could be retried (NOT_LEADER_OR_FOLLOWER,
+//     then franz-go's backoff: a1's publish took 574 ms, counted in the
+//     delay PublishDelayHoldsGroup measures from before it, so a1 was due
+//     when its group arrived and ran first), and a member that joined
+//     early loaded some partitions' start offsets a second late (see
+//     TestFreshGroupFirstRecords).
+//
+// KEYORDER_KAFKA_TRACE=1 logs each case's request counts and per-partition
+// first fetches, =debug also franz-go's debug log (the producer's at once,
+// a member's when the case fails).
 type harness struct{ client *kgo.Client }
 
 func (h *harness) Capabilities() integration.Capabilities {
