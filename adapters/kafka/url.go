@@ -190,11 +190,7 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 		if err == nil {
 			err = r.Err
 		}
-		if err == nil {
-			awaitLeaders(ctx, cl, topic)
-			return nil
-		}
-		if errors.Is(err, kerr.TopicAlreadyExists) {
+		if err == nil || errors.Is(err, kerr.TopicAlreadyExists) {
 			return nil
 		}
 		if !isRetryable(err) || ctx.Err() != nil {
@@ -208,35 +204,6 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 		}
 	}
 }
-
-// awaitLeaders waits (at most leaderWait, best effort) until the broker
-// leads every partition of topic, which it has just created. CreateTopics
-// returns, and Metadata names the leaders, before a KRaft broker leads the
-// new partitions; until then Produce and ListOffsets fail with
-// NOT_LEADER_OR_FOLLOWER, and franz-go retries a produce after its backoff
-// and a consumer's start offset after a second: a topic used at once
-// would see its first records late.
-func awaitLeaders(ctx context.Context, cl *kgo.Client, topic string) {
-	ctx, cancel := context.WithTimeout(ctx, leaderWait)
-	defer cancel()
-	for {
-		ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-		if err == nil && ends.Error() == nil && len(ends[topic]) > 0 {
-			return
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// leaderWait bounds awaitLeaders: past it, the clients' own retries take
-// over.
-const leaderWait = 10 * time.Second
 
 // connectTimeout bounds how long opening waits for a broker that does not
 // answer (when the context has no earlier deadline).
