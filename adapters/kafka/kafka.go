@@ -60,12 +60,22 @@
 // holds a failed record in its lane and retries it there, before anything
 // behind it of its key; other keys of the partition go on.
 //
+// Order across partitions: Kafka orders a partition, not a topic, and a
+// fetch returns each partition's records as a block. The driver hands out
+// the records it holds merged by record timestamp (ties by partition),
+// each partition's in offset order, so that the subscriber, which runs
+// the oldest deliverable message first, sees records fetched together in
+// about publish order, as on the other backends. Only what was fetched
+// together merges, and the timestamps are the producers' clocks.
+//
 // Backpressure: a partition may have at most max_pending records between
 // its committed offset and the last one handed out, and its done runs must
 // fit the commit metadata (MaxMetadataBytesDefault, under the broker's
 // offset.metadata.max.bytes of 4096): beyond either, the driver stops
 // handing out that partition's records (it pauses fetching it) until the
-// committed offset moves.
+// committed offset moves. Only such a partition is paused: a pause drops
+// what the client buffered for it, and a resumed partition waits for the
+// fetch in flight (up to FetchMaxWait).
 //
 // Revocation: when the group takes a partition away (OnPartitionsRevoked),
 // the driver stops handing out its records, waits for the ones in flight to

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -121,8 +122,15 @@ func DeadLetterTopic(topic, group string) string { return topic + "." + group + 
 // given up by the watchdog is closed and replaced.
 type generation struct {
 	cl      *kgo.Client
+	fetch   pauser // cl; a recorder in unit tests
 	parts   map[int32]*partState
 	expired bool
+}
+
+// pauser pauses and resumes fetching partitions (*kgo.Client).
+type pauser interface {
+	PauseFetchPartitions(map[string][]int32) map[string][]int32
+	ResumeFetchPartitions(map[string][]int32)
 }
 
 // partState is one assigned partition of a generation.
@@ -170,7 +178,6 @@ type subscriptionDriver struct {
 	mu      sync.Mutex
 	closed  bool
 	gen     *generation
-	rr      int           // round-robin start over partitions
 	wake    func()        // cancels a blocked poll (backpressure lifted)
 	notify  chan struct{} // closed and replaced when records settle
 	waiting int           // revocations waiting on notify
@@ -255,7 +262,7 @@ func (s *subscriptionDriver) current() (*generation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: kafka: consumer client: %v", keyorder.ErrInvalidConfig, err)
 	}
-	g.cl = cl
+	g.cl, g.fetch = cl, cl
 	s.gen = g
 	return g, nil
 }
@@ -352,7 +359,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	}
 	s.mu.Unlock()
 	if len(resume) > 0 {
-		g.cl.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+		g.fetch.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
 	}
 	if graceful {
 		s.mu.Lock()
@@ -437,7 +444,8 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 
 // Receive waits for at least one record or ctx, and returns at most
 // maxMessages, each partition's in offset order (a key's records are in
-// one partition).
+// one partition) and, across partitions, merged by record timestamp (see
+// handOut).
 func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
 		maxMessages = s.opts.MaxBatch
@@ -447,43 +455,48 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 		if err != nil {
 			return nil, err
 		}
+		// Take what the client has buffered already, without waiting, so
+		// that the merge sees every partition's records fetched by now
+		// and not only the first partitions of a fetch. The backlogs this
+		// fills hold fewer than MaxBatch records (plus one poll).
 		s.mu.Lock()
-		out := s.handOut(g, maxMessages, nil)
-		if len(out) > 0 {
+		room := s.opts.MaxBatch - backlogLen(g)
+		s.mu.Unlock()
+		var ferr error
+		if room > 0 {
+			// A nil context makes PollRecords return at once with what is
+			// buffered (its documented non-blocking form).
+			//lint:ignore SA1012 franz-go's non-blocking poll takes a nil context
+			ferr = s.take(g, g.cl.PollRecords(nil, room))
+		}
+		s.mu.Lock()
+		if out := s.handOut(g, maxMessages, nil); len(out) > 0 {
 			s.mu.Unlock()
 			return out, nil
+		}
+		if ferr != nil && !isRetryable(ferr) {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("kafka: fetch %s: %w", s.topic, ferr)
 		}
 		pctx, cancel := context.WithCancel(ctx)
 		s.wake = cancel
 		s.mu.Unlock()
-		fs := g.cl.PollRecords(pctx, maxMessages)
+		fs := g.cl.PollRecords(pctx, s.opts.MaxBatch)
 		cancel()
 		s.mu.Lock()
 		s.wake = nil
 		s.mu.Unlock()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
 		if fs.IsClientClosed() {
 			continue // the watchdog gave the member up, or Close
 		}
-		var ferr error
-		fs.EachError(func(t string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			if ferr == nil {
-				ferr = err
-			}
-			s.opts.Logger.Warn("keyorder: kafka: fetch error", "topic", t, "partition", p, "err", err)
-		})
+		// Records polled as ctx ended wait in the backlog for the next
+		// Receive (the client's cursor is past them).
+		ferr = s.take(g, fs)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		s.mu.Lock()
-		fs.EachRecord(func(r *kgo.Record) {
-			if st := g.parts[r.Partition]; st != nil && !st.revoking && r.Topic == s.topic {
-				st.backlog = append(st.backlog, r)
-			}
-		})
-		out = s.handOut(g, maxMessages, nil)
+		out := s.handOut(g, maxMessages, nil)
 		s.mu.Unlock()
 		if len(out) > 0 {
 			return out, nil
@@ -494,58 +507,136 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 	}
 }
 
+// take appends the records of fs to their partitions' backlogs and
+// returns the first fetch error (each is logged).
+func (s *subscriptionDriver) take(g *generation, fs kgo.Fetches) error {
+	var ferr error
+	fs.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		if ferr == nil {
+			ferr = err
+		}
+		s.opts.Logger.Warn("keyorder: kafka: fetch error", "topic", t, "partition", p, "err", err)
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs.EachRecord(func(r *kgo.Record) {
+		if st := g.parts[r.Partition]; st != nil && !st.revoking && r.Topic == s.topic {
+			st.backlog = append(st.backlog, r)
+		}
+	})
+	return ferr
+}
+
+// backlogLen is how many fetched records wait in g's backlogs. Called
+// with s.mu held.
+func backlogLen(g *generation) int {
+	n := 0
+	for _, st := range g.parts {
+		n += len(st.backlog)
+	}
+	return n
+}
+
 // handOut moves up to max records from the partitions' backlogs into
-// their offset maps and returns them, pausing partitions that reached
+// their offset maps and returns them, pausing the partitions that reached
 // their bounds and resuming those that are below them again. Called with
 // s.mu held.
+//
+// The backlogs are merged by record timestamp (ties by partition), each
+// partition's in offset order: Kafka orders records only within a
+// partition, so a process handed each partition's backlog in turn would
+// see a record published late on one partition before one published
+// early on another, and the subscriber, which runs the oldest deliverable
+// message first, would run them in that order. Merged, the process sees
+// what was fetched together in about publish order, as on the other
+// backends (the timestamps are the producers' clocks, in milliseconds).
 func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Message) []*driver.Message {
 	if g.expired {
 		return out
 	}
-	parts := make([]*partState, 0, len(g.parts))
+	h := make(partHeap, 0, len(g.parts))
 	for _, st := range g.parts {
-		parts = append(parts, st)
-	}
-	slices.SortFunc(parts, func(a, b *partState) int { return int(a.p - b.p) })
-	var pause, resume []int32
-	now := time.Now()
-	for i := range parts {
-		st := parts[(i+s.rr)%len(parts)]
-		if st.revoking {
-			continue
+		if !st.revoking && len(st.backlog) > 0 && !s.full(st) {
+			h = append(h, st)
 		}
-		for len(st.backlog) > 0 && len(out) < max && !s.full(st) {
-			r := st.backlog[0]
-			st.backlog[0] = nil
-			st.backlog = st.backlog[1:]
-			d := &delivery{ps: st, off: r.Offset, deadline: now.Add(s.opts.Lease)}
-			skip, prior := st.om.add(r.Offset, d)
-			if skip {
-				st.dirty = true
-				continue
-			}
+	}
+	heap.Init(&h)
+	now := time.Now()
+	for len(h) > 0 && len(out) < max {
+		st := h[0]
+		r := st.backlog[0]
+		st.backlog[0] = nil
+		st.backlog = st.backlog[1:]
+		if len(st.backlog) == 0 {
+			st.backlog = nil
+		}
+		d := &delivery{ps: st, off: r.Offset, deadline: now.Add(s.opts.Lease)}
+		skip, prior := st.om.add(r.Offset, d)
+		if skip {
+			st.dirty = true
+		} else {
 			d.prior = prior
 			st.inflight++
 			s.live[d] = struct{}{}
 			out = append(out, s.message(r, d))
 		}
+		if len(st.backlog) == 0 || s.full(st) {
+			heap.Pop(&h)
+		} else {
+			heap.Fix(&h, 0)
+		}
+	}
+	// Only a partition at its bounds is paused: one with a backlog is not
+	// polled for more anyway (Receive polls again when nothing can be
+	// handed out, or while the backlogs hold fewer than MaxBatch), and a
+	// pause drops what the client buffered for the partition and keeps
+	// it out of the fetch in flight (up to FetchMaxWait) once resumed.
+	var pause, resume []int32
+	for _, st := range g.parts {
+		if st.revoking {
+			continue
+		}
 		switch full := s.full(st); {
-		case (full || len(st.backlog) > 0) && !st.paused:
+		case full && !st.paused:
 			st.paused = true
 			pause = append(pause, st.p)
-		case !full && len(st.backlog) == 0 && st.paused:
+		case !full && st.paused:
 			st.paused = false
 			resume = append(resume, st.p)
 		}
 	}
-	s.rr++
 	if len(pause) > 0 {
-		g.cl.PauseFetchPartitions(map[string][]int32{s.topic: pause})
+		g.fetch.PauseFetchPartitions(map[string][]int32{s.topic: pause})
 	}
 	if len(resume) > 0 {
-		g.cl.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+		g.fetch.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
 	}
 	return out
+}
+
+// partHeap orders partitions by the timestamp of their backlog's first
+// record, then by partition.
+type partHeap []*partState
+
+func (h partHeap) Len() int { return len(h) }
+func (h partHeap) Less(i, j int) bool {
+	a, b := h[i].backlog[0].Timestamp, h[j].backlog[0].Timestamp
+	if !a.Equal(b) {
+		return a.Before(b)
+	}
+	return h[i].p < h[j].p
+}
+func (h partHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *partHeap) Push(x any)   { *h = append(*h, x.(*partState)) }
+func (h *partHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return x
 }
 
 // full reports whether st may hand out no more records: too many pending
