@@ -209,12 +209,22 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 // answer (when the context has no earlier deadline).
 const connectTimeout = 30 * time.Second
 
+// unknownTopicWait is how long awaitTopic goes on asking after the cluster
+// first answers that the topic does not exist: a topic created a moment
+// ago (create=true, or by another client) takes a moment to reach every
+// broker's metadata; a topic that does not exist is reported as such once
+// this passes, not after connectTimeout.
+const unknownTopicWait = 5 * time.Second
+
 // awaitTopic waits until the cluster answers and reports topic, and
 // returns its ID. It retries transient failures (a broker not up yet)
-// until ctx ends or connectTimeout passes.
+// until ctx ends or connectTimeout passes. A topic the cluster keeps
+// reporting unknown for unknownTopicWait is an error matching
+// keyorder.ErrNotFound (and kerr.UnknownTopicOrPartition).
 func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, error) {
 	var zero [16]byte
 	deadline := time.Now().Add(connectTimeout)
+	var unknownSince time.Time
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 		if err == nil {
@@ -226,6 +236,14 @@ func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, er
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return zero, fmt.Errorf("kafka: topic %s: %w", topic, cerr)
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			if unknownSince.IsZero() {
+				unknownSince = time.Now()
+			} else if time.Since(unknownSince) >= unknownTopicWait {
+				return zero, fmt.Errorf("%w: kafka: topic %s does not exist (create it, or open the URL with create=true): %w",
+					keyorder.ErrNotFound, topic, err)
+			}
 		}
 		if err != nil && !isRetryable(err) || time.Now().After(deadline) {
 			if err == nil {

@@ -795,6 +795,14 @@ func TestPulsar(t *testing.T) {
 	exercise(t, topic, topic+"?subscription=ops&ordering=ordered")
 }
 
+// Kafka: the subscription URL creates the topic (stats runs first), the
+// group is the subscription; dead letters live in TOPIC.GROUP.dead.
+func TestKafka(t *testing.T) {
+	brokers := testenv.Require(t, testenv.Kafka)
+	topic := fmt.Sprintf("kafka://%s/cli-%d", brokers, time.Now().UnixNano())
+	exercise(t, topic, topic+"?group=ops&ordering=ordered&create=true&partitions=2")
+}
+
 // counts returns the subscriber's counts.
 func counts(s *subscribe.Subscriber) subscribe.Stats {
 	st, _ := s.Stats(context.Background())
