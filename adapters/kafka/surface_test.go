@@ -5,12 +5,14 @@ package kafka_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
@@ -59,4 +61,127 @@ func TestURLMissingTopic(t *testing.T) {
 	if tds.Has(name) {
 		t.Errorf("topic %s exists after the failed opens", name)
 	}
+}
+
+// TestURLMaxMessageSize: max_message_size raises the payload limit to the
+// broker's (here the topic's max.message.bytes of 3,000,000): a payload
+// of 2 MB is published, consumed, dead-lettered and listed whole; one
+// byte over the limit is a LimitError and nothing is sent.
+func TestURLMaxMessageSize(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	adm := kadm.NewClient(cl)
+	name := uniqueName("big")
+	size := "3000000"
+	if r, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &size}, name); err != nil || r.Err != nil {
+		t.Fatalf("create %s: %v %v", name, err, r.Err)
+	}
+	base := "kafka://" + strings.Join(brokers(t), ",") + "/" + name
+	pub, err := publish.Open(ctx, base+"?max_message_size="+size, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	if got, want := pub.Limits().MaxPayloadBytes, 3_000_000-kafka.MetadataRoom; got != want {
+		t.Errorf("payload limit %d, want %d", got, want)
+	}
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: make([]byte, pub.Limits().MaxPayloadBytes+1)})
+	var le *keyorder.LimitError
+	if !errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) {
+		t.Fatalf("payload over the limit: %v, want a LimitError", err)
+	}
+	// Random bytes: the producer compresses, and a pattern would fit the
+	// broker's limits compressed.
+	big := make([]byte, 2_000_000)
+	rand.Read(big)
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: big}); err != nil {
+		t.Fatalf("2 MB payload under max_message_size=%s: %v", size, err)
+	}
+	sub, err := subscribe.Open(ctx, base+"?group="+uniqueName("g")+"&session_timeout=6s&max_message_size="+size, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	got := make(chan int, 1)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(_ context.Context, d *keyorder.Delivery) error {
+			got <- len(d.Payload)
+			return keyorder.Permanent(errors.New("too big to apply"))
+		})
+	}()
+	select {
+	case n := <-got:
+		if n != len(big) {
+			t.Fatalf("received %d bytes, want %d", n, len(big))
+		}
+	case <-ctx.Done():
+		t.Fatal("the 2 MB record was not delivered")
+	}
+	var dls []keyorder.DeadLetter
+	for ctx.Err() == nil {
+		if dls, err = sub.DeadLetters(ctx, 0); err == nil && len(dls) == 1 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	stop()
+	<-done
+	if len(dls) != 1 || len(dls[0].Message.Payload) != len(big) || string(dls[0].Message.Payload) != string(big) {
+		t.Fatalf("dead letters: %d, %v (want the 2 MB record)", len(dls), err)
+	}
+	if st, _ := sub.Stats(ctx); st.DeadLettered != 1 {
+		t.Errorf("dead-lettered %d, want 1", st.DeadLettered)
+	}
+	// Redrive produces it on the topic again.
+	if n, err := sub.Redrive(ctx, []string{dls[0].Message.ID}); n != 1 || err != nil {
+		t.Fatalf("redrive: %d, %v", n, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ends.Lookup(name, 0); o.Offset != 2 {
+		t.Errorf("end offset %d after the redrive, want 2 (the record and its redrive)", o.Offset)
+	}
+}
+
+// TestOpenTopicBatchLimit: OpenTopic with TopicOptions.MaxMessageBytes
+// above the client's ProducerBatchMaxBytes is ErrInvalidConfig naming the
+// option to give (franz-go would refuse such records after the limits let
+// them through); a client whose batch limit is below the default record
+// size lowers the payload limit to fit it. No broker needed: nothing is
+// sent.
+func TestOpenTopicBatchLimit(t *testing.T) {
+	ctx := context.Background()
+	client := func(opts ...kgo.Opt) *kgo.Client {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
+	_, err := kafka.OpenTopic(ctx, client(), "t", &kafka.TopicOptions{MaxMessageBytes: 3_000_000}, nil)
+	if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), "ProducerBatchMaxBytes(3000000)") {
+		t.Errorf("MaxMessageBytes above the client's batch limit: %v, want ErrInvalidConfig naming ProducerBatchMaxBytes(3000000)", err)
+	}
+	pub, err := kafka.OpenTopic(ctx, client(kgo.ProducerBatchMaxBytes(3_000_000)), "t", &kafka.TopicOptions{MaxMessageBytes: 3_000_000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.Limits().MaxPayloadBytes; got != 3_000_000-kafka.MetadataRoom {
+		t.Errorf("payload limit %d with a client that takes 3,000,000 bytes", got)
+	}
+	pub.Close(ctx)
+	pub, err = kafka.OpenTopic(ctx, client(kgo.ProducerBatchMaxBytes(500_000)), "t", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.Limits().MaxPayloadBytes; got != 500_000-kafka.MetadataRoom {
+		t.Errorf("payload limit %d with a client batch limit of 500,000, want %d", got, 500_000-kafka.MetadataRoom)
+	}
+	pub.Close(ctx)
 }

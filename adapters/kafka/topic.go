@@ -18,7 +18,11 @@ import (
 type TopicOptions struct {
 	// MaxMessageBytes is the broker's message.max.bytes (or the topic's
 	// max.message.bytes) when it is not the default; the payload limit is
-	// this less MetadataRoom. Defaults to MaxMessageBytesDefault.
+	// this less MetadataRoom. Defaults to MaxMessageBytesDefault. A client
+	// given to OpenTopic needs kgo.ProducerBatchMaxBytes of at least this
+	// (franz-go's default is 1,000,012 bytes), or OpenTopic fails with
+	// keyorder.ErrInvalidConfig; the URL opener sets it from
+	// max_message_size.
 	MaxMessageBytes int
 }
 
@@ -52,7 +56,18 @@ func openTopic(ctx context.Context, client *kgo.Client, topic string, opts *Topi
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kafka: producer for %s: %w", topic, err)
 	}
-	return &topicDriver{client: client, topic: topic, maxMsg: opts.maxMessageBytes()}, nil
+	maxMsg := opts.maxMessageBytes()
+	// franz-go refuses, after Limits let it through, a record above the
+	// client's batch limit: the limits follow the client's.
+	if v, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && int(v) < maxMsg {
+		if int(v) <= MetadataRoom || opts != nil && opts.MaxMessageBytes > MetadataRoom {
+			return nil, fmt.Errorf("%w: kafka.OpenTopic: the client's ProducerBatchMaxBytes (%d) is below the maximum record size %d "+
+				"(TopicOptions.MaxMessageBytes, default %d): give the client kgo.ProducerBatchMaxBytes(%d)",
+				keyorder.ErrInvalidConfig, v, maxMsg, MaxMessageBytesDefault, maxMsg)
+		}
+		maxMsg = int(v)
+	}
+	return &topicDriver{client: client, topic: topic, maxMsg: maxMsg}, nil
 }
 
 // toRecord converts a driver message: the key as record key (nil when

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -118,8 +119,8 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 			p.subO.MaxPending = positive()
 		case "max_message_size":
 			n := positive()
-			if perr == nil && n <= MetadataRoom {
-				perr = fmt.Errorf("want a size in bytes above %d", MetadataRoom)
+			if perr == nil && (n <= MetadataRoom || n > math.MaxInt32) {
+				perr = fmt.Errorf("want a size in bytes above %d and at most %d", MetadataRoom, math.MaxInt32)
 			}
 			p.topicO.MaxMessageBytes, p.subO.MaxMessageBytes = n, n
 		case "client_id":
@@ -151,6 +152,11 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 	p.client = []kgo.Opt{kgo.SeedBrokers(p.brokers...)}
 	if clientID != "" {
 		p.client = append(p.client, kgo.ClientID(clientID))
+	}
+	if n := p.topicO.MaxMessageBytes; n > MaxMessageBytesDefault {
+		// franz-go refuses, before sending, a record above its batch
+		// limit (1,000,012 bytes by default).
+		p.client = append(p.client, kgo.ProducerBatchMaxBytes(int32(n)))
 	}
 	p.subO.ClientOptions = p.client
 	return p, nil
