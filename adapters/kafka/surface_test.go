@@ -185,3 +185,24 @@ func TestOpenTopicBatchLimit(t *testing.T) {
 	}
 	pub.Close(ctx)
 }
+
+// TestOpenSubscriptionBadGroup: a group whose dead-letter topic
+// (<topic>.<group>.dead) would not be a legal topic name is refused at
+// open: the broker refuses that topic, so a dead letter could never be
+// written and its message would come back forever. No broker needed.
+func TestOpenSubscriptionBadGroup(t *testing.T) {
+	// A cancelled context: an open that gets past the check ends at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	opts := &kafka.SubscriptionOptions{ClientOptions: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}}
+	for _, group := range []string{"ops blue", "ops:blue", strings.Repeat("g", 243)} {
+		_, err := kafka.OpenSubscription(ctx, "t", group, opts, nil)
+		if !errors.Is(err, keyorder.ErrInvalidConfig) || !strings.Contains(err.Error(), ".dead") {
+			t.Errorf("group %.20q: %v, want ErrInvalidConfig about the dead-letter topic", group, err)
+		}
+	}
+	// 242 = 249 - len("t") - len("..dead"): allowed.
+	if _, err := kafka.OpenSubscription(ctx, "t", strings.Repeat("g", 242), opts, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("a group of 242 characters on topic t (dead-letter topic of 249): %v, want the context's error", err)
+	}
+}

@@ -146,6 +146,9 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 	if forSub && p.group == "" {
 		return nil, driver.BadParam(u, "group", "required")
 	}
+	if forSub && !validTopic(DeadLetterTopic(p.topic, p.group)) {
+		return nil, driver.BadParam(u, "group", deadTopicRule)
+	}
 	if partitionsSet && !p.create {
 		return nil, driver.BadParam(u, "partitions", "only with create=true (an existing topic keeps its partitions)")
 	}
@@ -174,6 +177,13 @@ func validTopic(t string) bool {
 	}
 	return true
 }
+
+// deadTopicRule is why a group is refused: its dead-letter topic,
+// <topic>.<group>.dead, would not be a legal topic name, and no dead
+// letter could be written (the broker refuses the topic, and the message
+// would come back forever).
+const deadTopicRule = "the dead-letter topic <topic>.<group>.dead must be a legal topic name: " +
+	"the group of letters, digits, '.', '_', '-', and the whole at most 249 characters"
 
 // maxPartitions bounds the partitions parameter (a typo guard, far above
 // what one topic of a keyed workload needs).
