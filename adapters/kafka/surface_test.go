@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
 	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -204,5 +206,56 @@ func TestOpenSubscriptionBadGroup(t *testing.T) {
 	// 242 = 249 - len("t") - len("..dead"): allowed.
 	if _, err := kafka.OpenSubscription(ctx, "t", strings.Repeat("g", 242), opts, nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("a group of 242 characters on topic t (dead-letter topic of 249): %v, want the context's error", err)
+	}
+}
+
+// TestRejectsBeforeSending: a batch with one message the limits refuse
+// (key, payload or headers too large, a reserved header, no key under
+// policy.Reject) fails with the typed error naming its index, and nothing
+// of the batch reaches the topic, the valid messages before it included.
+func TestRejectsBeforeSending(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	name := createTopic(ctx, t, cl, 1)
+	pub, err := publish.Open(ctx, "kafka://"+strings.Join(brokers(t), ",")+"/"+name, &publish.Config{MissingKey: policy.Reject})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	l := pub.Limits()
+	ok := &keyorder.Message{Key: "k", Payload: []byte("fine")}
+	for _, tc := range []struct {
+		what  string
+		m     *keyorder.Message
+		limit bool // a *keyorder.LimitError (else ErrMissingKey)
+	}{
+		{"key over the limit", &keyorder.Message{Key: strings.Repeat("k", l.MaxKeyBytes+1), Payload: []byte("x")}, true},
+		{"payload over the limit", &keyorder.Message{Key: "k", Payload: make([]byte, l.MaxPayloadBytes+1)}, true},
+		{"headers over the limit", &keyorder.Message{Key: "k", Payload: []byte("x"), Headers: map[string]string{"h": strings.Repeat("v", kafka.MaxHeaderBytes)}}, true},
+		{"reserved header", &keyorder.Message{Key: "k", Payload: []byte("x"), Headers: map[string]string{kafka.HeaderID: "x"}}, true},
+		{"no key", &keyorder.Message{Payload: []byte("x")}, false},
+	} {
+		ids, err := pub.PublishBatch(ctx, []*keyorder.Message{ok, ok, tc.m})
+		var le *keyorder.LimitError
+		switch {
+		case ids != nil || !strings.Contains(fmt.Sprint(err), "message 2"):
+			t.Errorf("%s: ids %v, error %v; want no IDs and an error naming message 2", tc.what, ids, err)
+		case tc.limit && (!errors.As(err, &le) || !errors.Is(err, keyorder.ErrInvalidMessage) || le.Backend != "kafka"):
+			t.Errorf("%s: %v, want a kafka LimitError matching ErrInvalidMessage", tc.what, err)
+		case !tc.limit && !errors.Is(err, keyorder.ErrMissingKey):
+			t.Errorf("%s: %v, want ErrMissingKey", tc.what, err)
+		}
+	}
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ends.Lookup(name, 0); o.Err != nil || o.Offset != 0 {
+		t.Errorf("end offset %d (%v) after the refused batches, want 0: something was sent", o.Offset, o.Err)
+	}
+	// The publisher is not paused by them: a valid message goes.
+	if _, err := pub.Publish(ctx, ok); err != nil {
+		t.Errorf("publish after the refusals: %v", err)
 	}
 }
