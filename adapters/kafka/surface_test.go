@@ -259,3 +259,41 @@ func TestRejectsBeforeSending(t *testing.T) {
 		t.Errorf("publish after the refusals: %v", err)
 	}
 }
+
+// TestURLSmallTopicLimit: a topic whose max.message.bytes is below the
+// default (here 200,000) lowers the payload limit of a URL opened without
+// max_message_size: a payload the broker would refuse fails before it is
+// sent, with a LimitError, and does not pause its key.
+func TestURLSmallTopicLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(newClient(t))
+	name := uniqueName("small")
+	size := "200000"
+	if r, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &size}, name); err != nil || r.Err != nil {
+		t.Fatalf("create %s: %v %v", name, err, r.Err)
+	}
+	pub, err := publish.Open(ctx, "kafka://"+strings.Join(brokers(t), ",")+"/"+name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	if got, want := pub.Limits().MaxPayloadBytes, 200_000-kafka.MetadataRoom; got != want {
+		t.Errorf("payload limit %d on a topic of max.message.bytes=%s, want %d", got, size, want)
+	}
+	payload := make([]byte, 250_000)
+	rand.Read(payload)
+	_, err = pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: payload})
+	var le *keyorder.LimitError
+	if !errors.As(err, &le) {
+		t.Errorf("250,000 bytes to a topic of max.message.bytes=%s: %v, want a LimitError", size, err)
+	}
+	if p := pub.Paused(); len(p) != 0 {
+		t.Errorf("paused keys %q after a refused payload", p)
+	}
+	fits := make([]byte, pub.Limits().MaxPayloadBytes)
+	rand.Read(fits)
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: fits}); err != nil {
+		t.Errorf("a payload of the limit: %v", err)
+	}
+}

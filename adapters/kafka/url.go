@@ -277,6 +277,32 @@ func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, er
 	}
 }
 
+// topicMaxMessageBytes returns the topic's max.message.bytes (its own, or
+// the broker's message.max.bytes it inherits) when it is below
+// MaxMessageBytesDefault and above MetadataRoom, so that a payload the
+// broker would refuse fails before it is sent; 0 (the default) otherwise,
+// or when the configuration cannot be read (no DescribeConfigs
+// permission): then the broker's refusal is the error.
+func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int {
+	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return 0
+	}
+	for _, c := range rc.Configs {
+		if c.Key != "max.message.bytes" || c.Value == nil {
+			continue
+		}
+		if n, err := strconv.Atoi(*c.Value); err == nil && n > MetadataRoom && n < MaxMessageBytesDefault {
+			return n
+		}
+	}
+	return 0
+}
+
 // OpenTopicURL opens kafka://host:port/topic for publishing. The topic
 // must exist (the opener waits for the cluster to report it), unless the
 // URL says create=true.
@@ -300,6 +326,9 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 	if _, err := awaitTopic(ctx, cl, p.topic); err != nil {
 		cl.Close()
 		return nil, err
+	}
+	if p.topicO.MaxMessageBytes == 0 {
+		p.topicO.MaxMessageBytes = topicMaxMessageBytes(ctx, cl, p.topic)
 	}
 	t, err := openTopic(ctx, cl, p.topic, &p.topicO)
 	if err != nil {
