@@ -209,7 +209,9 @@ func errorCode(err error) keyorder.ErrorCode {
 	if errors.As(err, &ke) {
 		switch ke {
 		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage,
-			kerr.InvalidTopicException, kerr.InvalidRequiredAcks, kerr.InvalidCommitOffsetSize:
+			kerr.InvalidTopicException, kerr.InvalidRequiredAcks, kerr.InvalidCommitOffsetSize,
+			kerr.InvalidSessionTimeout, kerr.InvalidGroupID, kerr.InvalidPartitions, kerr.InvalidReplicationFactor,
+			kerr.InvalidConfig:
 			return keyorder.CodeInvalidArgument
 		case kerr.UnknownTopicOrPartition, kerr.UnknownTopicID, kerr.GroupIDNotFound:
 			return keyorder.CodeNotFound
