@@ -297,3 +297,36 @@ func TestURLSmallTopicLimit(t *testing.T) {
 		t.Errorf("a payload of the limit: %v", err)
 	}
 }
+
+// TestEmptyPayloadNotTombstone: a message with an empty payload is a
+// record with an empty value, not a null one: Kafka's log compaction takes
+// a null value for a tombstone that deletes the key's records.
+func TestEmptyPayloadNotTombstone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	name := createTopic(ctx, t, cl, 1)
+	pub, err := publish.Open(ctx, "kafka://"+strings.Join(brokers(t), ",")+"/"+name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	for _, p := range [][]byte{nil, {}} {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := newClient(t, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{name: {0: kgo.NewOffset().AtStart()}}))
+	var recs []*kgo.Record
+	for len(recs) < 2 && ctx.Err() == nil {
+		rd.PollFetches(ctx).EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	if len(recs) != 2 {
+		t.Fatalf("read %d records, want 2", len(recs))
+	}
+	for i, r := range recs {
+		if r.Value == nil {
+			t.Errorf("record %d has a null value (a tombstone)", i)
+		}
+	}
+}

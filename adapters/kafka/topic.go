@@ -71,13 +71,19 @@ func openTopic(ctx context.Context, client *kgo.Client, topic string, opts *Topi
 }
 
 // toRecord converts a driver message: the key as record key (nil when
-// keyless, so the partitioner spreads keyless records), the ID and
+// keyless, so the partitioner spreads keyless records), the payload as a
+// value that is never null (not a tombstone), the ID and
 // not-before time as reserved headers, headers as record headers.
 func toRecord(topic string, m *driver.Message) (*kgo.Record, error) {
 	if err := checkHeaders(m.Headers); err != nil {
 		return nil, err
 	}
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
+	if r.Value == nil {
+		// A null value is a tombstone to log compaction (it deletes the
+		// key's records); an empty payload is an empty value.
+		r.Value = []byte{}
+	}
 	if m.Key != "" {
 		r.Key = []byte(m.Key)
 	}
