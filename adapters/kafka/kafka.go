@@ -36,7 +36,8 @@
 // max_pending (records a partition may have outstanding above its committed
 // offset; default 10,000), max_message_size (the broker's message.max.bytes
 // when it is not the default 1 MiB; it also raises the producer's batch
-// limit), client_id, create (true: create the topic if it does not exist)
+// limit and is the max.message.bytes of a topic create=true creates),
+// client_id, create (true: create the topic if it does not exist)
 // and partitions (with create=true: the partitions of a topic it creates).
 // Unknown parameters are rejected with an error matching keyorder.ErrBadURL.
 // Without create=true, a topic the cluster does not know is an error

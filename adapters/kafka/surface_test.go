@@ -330,3 +330,22 @@ func TestEmptyPayloadNotTombstone(t *testing.T) {
 		}
 	}
 }
+
+// TestURLCreateMaxMessageSize: a topic that create=true creates under
+// max_message_size takes records of that size (it was created with the
+// broker's default max.message.bytes, which refused them).
+func TestURLCreateMaxMessageSize(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := uniqueName("bigcreated")
+	pub, err := publish.Open(ctx, "kafka://"+strings.Join(brokers(t), ",")+"/"+name+"?create=true&max_message_size=3000000", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	big := make([]byte, 2_000_000)
+	rand.Read(big)
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: big}); err != nil {
+		t.Errorf("2 MB to a topic created with max_message_size=3000000: %v", err)
+	}
+}

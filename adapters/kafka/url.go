@@ -190,10 +190,17 @@ const deadTopicRule = "the dead-letter topic <topic>.<group>.dead must be a lega
 const maxPartitions = 10000
 
 // ensureTopic creates topic with partitions partitions (-1: the broker's
-// default) and the broker's default replication factor unless it exists.
+// default) and the broker's default replication factor unless it exists;
+// with maxMessage > 0 (max_message_size) the topic it creates has that
+// max.message.bytes. An existing topic is left as it is.
 // It uses a client of its own, so that it works before the driver's
 // clients exist.
-func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions int32) error {
+func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions int32, maxMessage int) error {
+	var configs map[string]*string
+	if maxMessage > 0 {
+		v := strconv.Itoa(maxMessage)
+		configs = map[string]*string{"max.message.bytes": &v}
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
@@ -202,7 +209,7 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		r, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, nil, topic)
+		r, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, configs, topic)
 		if err == nil {
 			err = r.Err
 		}
@@ -312,7 +319,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 		return nil, err
 	}
 	if p.create {
-		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions, p.topicO.MaxMessageBytes); err != nil {
 			return nil, err
 		}
 	}
@@ -348,7 +355,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver
 		return nil, err
 	}
 	if p.create {
-		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions, p.topicO.MaxMessageBytes); err != nil {
 			return nil, err
 		}
 	}
