@@ -130,9 +130,16 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 	if err != nil {
 		return nil, fmt.Errorf("kafka: end offsets of %s: %w", s.deadTopic, err)
 	}
+	// Retention may have deleted a partition's records (its start offset
+	// reached its end): there is nothing to wait for there.
+	starts, err := adm.ListStartOffsets(ctx, s.deadTopic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: start offsets of %s: %w", s.deadTopic, err)
+	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil && o.Offset > 0 {
+		start, ok := starts.Lookup(o.Topic, o.Partition)
+		if o.Err == nil && o.Offset > 0 && (!ok || start.Err != nil || start.Offset < o.Offset) {
 			want[o.Partition] = o.Offset
 		}
 	})

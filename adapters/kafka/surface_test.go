@@ -349,3 +349,64 @@ func TestURLCreateMaxMessageSize(t *testing.T) {
 		t.Errorf("2 MB to a topic created with max_message_size=3000000: %v", err)
 	}
 }
+
+// TestDeadLettersAfterRetention: when retention has deleted every record
+// of a dead-letter partition (its start offset reaches its end; here
+// DeleteRecords does what retention.ms does after a week), listing the
+// dead letters returns what is left at once instead of waiting, until its
+// context ends, for records that no longer exist (keyorder stats and dead
+// list timed out).
+func TestDeadLettersAfterRetention(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	adm := kadm.NewClient(cl)
+	name := createTopic(ctx, t, cl, 1)
+	group := uniqueName("g")
+	base := "kafka://" + strings.Join(brokers(t), ",") + "/" + name
+	pub, err := publish.Open(ctx, base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte("old")}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := subscribe.Open(ctx, base+"?group="+group+"&session_timeout=6s", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error { return keyorder.Permanent(errors.New("no")) })
+	}()
+	for {
+		if dls, err := sub.DeadLetters(ctx, 0); err == nil && len(dls) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("not dead-lettered")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stop()
+	<-done
+	dead := kafka.DeadLetterTopic(name, group)
+	ends, err := adm.ListEndOffsets(ctx, dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) { del.Add(kadm.Offset{Topic: o.Topic, Partition: o.Partition, At: o.Offset}) })
+	if _, err := adm.DeleteRecords(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	lctx, lcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer lcancel()
+	dls, err := sub.DeadLetters(lctx, 0)
+	if err != nil || len(dls) != 0 {
+		t.Errorf("dead letters after retention deleted them: %d, %v; want none and no error", len(dls), err)
+	}
+}
