@@ -54,10 +54,7 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 	if _, err := deliveryOf(m); err != nil {
 		return err
 	}
-	r, err := toRecord(s.deadTopic, &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
-	if err != nil {
-		return err
-	}
+	r := copyRecord(s.deadTopic, &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
 	r.Headers = append(r.Headers,
 		kgo.RecordHeader{Key: HeaderReason, Value: []byte(truncateUTF8(reason, maxReason))},
 		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
@@ -269,11 +266,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		}
 		m := dl.Message
 		m.NotBefore = time.Time{}
-		r, err := toRecord(s.topic, &m)
-		if err == nil {
-			err = p.ProduceSync(ctx, r).FirstErr()
-		}
-		if err != nil {
+		if err := p.ProduceSync(ctx, copyRecord(s.topic, &m)).FirstErr(); err != nil {
 			return n, fmt.Errorf("kafka: redrive %q to %s: %w", m.ID, s.topic, err)
 		}
 		marker := &kgo.Record{Topic: s.deadTopic, Headers: []kgo.RecordHeader{{Key: HeaderRedriven, Value: []byte(m.ID)}}}

@@ -410,3 +410,50 @@ func TestDeadLettersAfterRetention(t *testing.T) {
 		t.Errorf("dead letters after retention deleted them: %d, %v; want none and no error", len(dls), err)
 	}
 }
+
+// TestDeadLetterForeignRecord: a record another producer wrote, with
+// headers the publisher's limits would refuse (32 KiB and more, a name
+// with the reserved prefix), can be dead-lettered and listed: the record
+// exists already, and a dead letter that cannot be written brings its
+// message back forever.
+func TestDeadLetterForeignRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	name := createTopic(ctx, t, cl, 1)
+	big := strings.Repeat("v", kafka.MaxHeaderBytes+1)
+	r := &kgo.Record{Topic: name, Key: []byte("k"), Value: []byte("foreign"), Headers: []kgo.RecordHeader{
+		{Key: "trace", Value: []byte(big)}, {Key: kafka.HeaderReason, Value: []byte("forged")},
+	}}
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := subscribe.Open(ctx, "kafka://"+strings.Join(brokers(t), ",")+"/"+name+"?group="+uniqueName("g")+"&session_timeout=6s", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error { return keyorder.Permanent(errors.New("cannot apply")) })
+	}()
+	defer func() { stop(); <-done }()
+	lctx, lcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer lcancel()
+	var dls []keyorder.DeadLetter
+	for lctx.Err() == nil {
+		if dls, err = sub.DeadLetters(lctx, 0); err == nil && len(dls) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(dls) != 1 || string(dls[0].Message.Payload) != "foreign" || dls[0].Message.Headers["trace"] != big ||
+		!strings.Contains(dls[0].Reason, "cannot apply") {
+		st, _ := sub.Stats(ctx)
+		t.Fatalf("dead letters %d (settle failures %d), want the foreign record with its header and the handler's reason", len(dls), st.SettleFailures)
+	}
+	if n, err := sub.Redrive(ctx, []string{dls[0].Message.ID}); n != 1 || err != nil {
+		t.Errorf("redrive of the foreign record: %d, %v", n, err)
+	}
+}

@@ -78,6 +78,15 @@ func toRecord(topic string, m *driver.Message) (*kgo.Record, error) {
 	if err := checkHeaders(m.Headers); err != nil {
 		return nil, err
 	}
+	return copyRecord(topic, m), nil
+}
+
+// copyRecord is toRecord without the header checks, for a message that
+// was a record already (a dead letter, a redrive): another producer may
+// have written headers the publisher's limits refuse, and refusing them
+// now would leave the message undeliverable. Headers with the reserved
+// prefix are dropped: they are the driver's to set.
+func copyRecord(topic string, m *driver.Message) *kgo.Record {
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
 	if r.Value == nil {
 		// A null value is a tombstone to log compaction (it deletes the
@@ -95,9 +104,12 @@ func toRecord(topic string, m *driver.Message) (*kgo.Record, error) {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderNotBefore, Value: []byte(m.NotBefore.UTC().Format(time.RFC3339Nano))})
 	}
 	for k, v := range m.Headers {
+		if strings.HasPrefix(k, HeaderPrefix) {
+			continue
+		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	return r, nil
+	return r
 }
 
 // checkHeaders rejects reserved or oversized headers.
