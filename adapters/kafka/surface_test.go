@@ -457,3 +457,59 @@ func TestDeadLetterForeignRecord(t *testing.T) {
 		t.Errorf("redrive of the foreign record: %d, %v", n, err)
 	}
 }
+
+// TestLimitsAtOnce: a message at every limit at once (key, headers and
+// payload, random bytes the producer cannot compress) is published,
+// delivered and dead-lettered with a reason of the longest kept: the
+// limits leave room for the record's overhead and the dead letter's
+// headers under the broker's default 1 MiB.
+func TestLimitsAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	name := createTopic(ctx, t, cl, 1)
+	base := "kafka://" + strings.Join(brokers(t), ",") + "/" + name
+	pub, err := publish.Open(ctx, base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close(context.Background())
+	l := pub.Limits()
+	payload := make([]byte, l.MaxPayloadBytes)
+	rand.Read(payload)
+	hv := make([]byte, l.MaxHeaderBytes/2)
+	rand.Read(hv)
+	for i := range hv {
+		hv[i] = 'a' + hv[i]%26
+	}
+	m := &keyorder.Message{Key: strings.Repeat("k", l.MaxKeyBytes), Payload: payload, Headers: map[string]string{"h": string(hv), "g": string(hv[:len(hv)-2])}}
+	if _, err := pub.Publish(ctx, m); err != nil {
+		t.Fatalf("a message at every limit: %v", err)
+	}
+	sub, err := subscribe.Open(ctx, base+"?group="+uniqueName("g")+"&session_timeout=6s", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error {
+			return keyorder.Permanent(errors.New(strings.Repeat("r", 10000)))
+		})
+	}()
+	defer func() { stop(); <-done }()
+	lctx, lcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer lcancel()
+	var dls []keyorder.DeadLetter
+	for lctx.Err() == nil {
+		if dls, err = sub.DeadLetters(lctx, 0); err == nil && len(dls) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(dls) != 1 || len(dls[0].Message.Payload) != len(payload) || len(dls[0].Message.Key) != l.MaxKeyBytes {
+		st, _ := sub.Stats(ctx)
+		t.Fatalf("dead letters %d (settle failures %d), want the message at every limit", len(dls), st.SettleFailures)
+	}
+}
