@@ -805,6 +805,13 @@ func TestKafka(t *testing.T) {
 	topic := fmt.Sprintf("kafka://%s/cli-%d", brokers, time.Now().UnixNano())
 	sub := topic + "?group=ops&ordering=ordered&create=true&partitions=2"
 	exercise(t, topic, sub)
+	// Kafka counts dead letters (by listing the dead-letter topic) and
+	// nothing else; the subscriber holds keys in process.
+	st := statsOf(t, sub)
+	if st.Backend != "kafka" || st.NativeHold || st.LeaseDuration != "30s" || st.MaxBatch != 500 || !is(st.Dead, 0) ||
+		!slices.Equal(st.Unknown, []string{"max_attempts", "min_backoff", "max_backoff", "pending", "keys", "held", "superseded"}) {
+		t.Errorf("stats --json on Kafka: %+v", st)
+	}
 	// Held keys stay in the consuming process: not listable.
 	if code, _, stderr := cmd(t, "", "held", sub); code != exitUnsupported || !strings.Contains(stderr, "Kafka hold keys inside the consuming process") {
 		t.Errorf("held on Kafka: exit %d, %s", code, stderr)
