@@ -3,13 +3,16 @@ package kafka
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder/driver"
@@ -22,6 +25,11 @@ import (
 func (s *subscriptionDriver) producer() (*kgo.Client, error) {
 	s.prodOnce.Do(func() {
 		opts := append(append([]kgo.Opt(nil), s.opts.ClientOptions...), kgo.AllowAutoTopicCreation())
+		if n := s.opts.MaxMessageBytes; n > MaxMessageBytesDefault {
+			// franz-go refuses a record above its batch limit
+			// (1,000,012 bytes by default) before sending it.
+			opts = append(opts, kgo.ProducerBatchMaxBytes(int32(min(n, math.MaxInt32))))
+		}
 		s.prod, s.prodErr = kgo.NewClient(opts...)
 	})
 	return s.prod, s.prodErr
@@ -46,10 +54,7 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 	if _, err := deliveryOf(m); err != nil {
 		return err
 	}
-	r, err := toRecord(s.deadTopic, &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
-	if err != nil {
-		return err
-	}
+	r := copyRecord(s.deadTopic, &driver.Message{ID: m.ID, Key: m.Key, Payload: m.Payload, Headers: m.Headers, NotBefore: m.NotBefore})
 	r.Headers = append(r.Headers,
 		kgo.RecordHeader{Key: HeaderReason, Value: []byte(truncateUTF8(reason, maxReason))},
 		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
@@ -59,10 +64,55 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 	if err != nil {
 		return err
 	}
-	if err := p.ProduceSync(ctx, r).FirstErr(); err != nil {
+	err = p.ProduceSync(ctx, r).FirstErr()
+	if errors.Is(err, kerr.MessageTooLarge) && s.opts.MaxMessageBytes > MaxMessageBytesDefault {
+		// The dead-letter topic was auto-created with the broker's
+		// default max.message.bytes: give it the subscription's.
+		err = s.fitDeadTopic(ctx, p, r)
+	}
+	if err != nil {
 		return fmt.Errorf("kafka: dead-letter to %s: %w", s.deadTopic, err)
 	}
 	return s.Ack(ctx, []*driver.Message{m})
+}
+
+// fitDeadTopic sets the dead-letter topic's max.message.bytes to
+// MaxMessageBytes (creating the topic with it if it does not exist) and
+// produces r again until the setting has reached the broker (at most
+// connectTimeout, or until ctx ends).
+func (s *subscriptionDriver) fitDeadTopic(ctx context.Context, p *kgo.Client, r *kgo.Record) error {
+	v := strconv.Itoa(s.opts.MaxMessageBytes)
+	adm := kadm.NewClient(p)
+	cr, err := adm.CreateTopic(ctx, -1, -1, map[string]*string{"max.message.bytes": &v}, s.deadTopic)
+	if err == nil {
+		err = cr.Err
+	}
+	if errors.Is(err, kerr.TopicAlreadyExists) {
+		var rs kadm.AlterConfigsResponses
+		rs, err = adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, s.deadTopic)
+		for _, ar := range rs {
+			if err == nil && ar.Err != nil {
+				err = fmt.Errorf("%w: %s", ar.Err, ar.ErrMessage)
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("set max.message.bytes=%s on %s: %w", v, s.deadTopic, err)
+	}
+	deadline := time.Now().Add(connectTimeout)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		err := p.ProduceSync(ctx, r).FirstErr()
+		if !errors.Is(err, kerr.MessageTooLarge) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // readDead reads the whole dead-letter topic: the dead letters not
@@ -77,9 +127,16 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 	if err != nil {
 		return nil, fmt.Errorf("kafka: end offsets of %s: %w", s.deadTopic, err)
 	}
+	// Retention may have deleted a partition's records (its start offset
+	// reached its end): there is nothing to wait for there.
+	starts, err := adm.ListStartOffsets(ctx, s.deadTopic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: start offsets of %s: %w", s.deadTopic, err)
+	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
-		if o.Err == nil && o.Offset > 0 {
+		start, ok := starts.Lookup(o.Topic, o.Partition)
+		if o.Err == nil && o.Offset > 0 && (!ok || start.Err != nil || start.Offset < o.Offset) {
 			want[o.Partition] = o.Offset
 		}
 	})
@@ -209,11 +266,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		}
 		m := dl.Message
 		m.NotBefore = time.Time{}
-		r, err := toRecord(s.topic, &m)
-		if err == nil {
-			err = p.ProduceSync(ctx, r).FirstErr()
-		}
-		if err != nil {
+		if err := p.ProduceSync(ctx, copyRecord(s.topic, &m)).FirstErr(); err != nil {
 			return n, fmt.Errorf("kafka: redrive %q to %s: %w", m.ID, s.topic, err)
 		}
 		marker := &kgo.Record{Topic: s.deadTopic, Headers: []kgo.RecordHeader{{Key: HeaderRedriven, Value: []byte(m.ID)}}}

@@ -28,14 +28,20 @@
 // The first opens the topic for publishing, the second a member of
 // consumer group g. Several brokers go in the host part, comma-separated
 // (seed brokers; the client discovers the rest). Parameters: group
-// (required for a subscription), ordering (parallel, exclusive or ordered;
-// default ordered), lease (a Go duration; default 30s), session_timeout
-// (the group session timeout; default 45s, at least the broker's
+// (required for a subscription; <topic>.<group>.dead must be a legal topic
+// name), ordering (parallel, exclusive or ordered; default ordered), lease
+// (a Go duration; default 30s), session_timeout (the group session
+// timeout; default 45s, at least the broker's
 // group.min.session.timeout.ms), max_batch (most records per Receive),
 // max_pending (records a partition may have outstanding above its committed
 // offset; default 10,000), max_message_size (the broker's message.max.bytes
-// when it is not the default 1 MiB) and client_id. Unknown parameters are
-// rejected with an error matching keyorder.ErrBadURL.
+// when it is not the default 1 MiB; it also raises the producer's batch
+// limit and is the max.message.bytes of a topic create=true creates),
+// client_id, create (true: create the topic if it does not exist)
+// and partitions (with create=true: the partitions of a topic it creates).
+// Unknown parameters are rejected with an error matching keyorder.ErrBadURL.
+// Without create=true, a topic the cluster does not know is an error
+// matching keyorder.ErrNotFound.
 //
 // # Publishing
 //
@@ -214,7 +220,9 @@ func errorCode(err error) keyorder.ErrorCode {
 	if errors.As(err, &ke) {
 		switch ke {
 		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage,
-			kerr.InvalidTopicException, kerr.InvalidRequiredAcks, kerr.InvalidCommitOffsetSize:
+			kerr.InvalidTopicException, kerr.InvalidRequiredAcks, kerr.InvalidCommitOffsetSize,
+			kerr.InvalidSessionTimeout, kerr.InvalidGroupID, kerr.InvalidPartitions, kerr.InvalidReplicationFactor,
+			kerr.InvalidConfig:
 			return keyorder.CodeInvalidArgument
 		case kerr.UnknownTopicOrPartition, kerr.UnknownTopicID, kerr.GroupIDNotFound:
 			return keyorder.CodeNotFound

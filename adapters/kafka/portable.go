@@ -8,9 +8,11 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -34,11 +36,17 @@ func OpenTopic(ctx context.Context, client *kgo.Client, topic string, opts *Topi
 }
 
 // OpenSubscription returns a Subscriber that joins consumer group on topic
-// (which must exist). The driver makes its own clients from
+// (which must exist). The group must make a legal dead-letter topic name,
+// <topic>.<group>.dead (letters, digits, '.', '_', '-'; at most 249
+// characters in all), or OpenSubscription fails with
+// keyorder.ErrInvalidConfig. The driver makes its own clients from
 // opts.ClientOptions (seed brokers and connection options): a member that
 // is given up after a lost lease rejoins with a new client. cfg configures
 // the Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, topic, group string, opts *SubscriptionOptions, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+	if topic != "" && group != "" && !validTopic(DeadLetterTopic(topic, group)) {
+		return nil, fmt.Errorf("%w: kafka.OpenSubscription: group %q on topic %q: %s", keyorder.ErrInvalidConfig, group, topic, deadTopicRule)
+	}
 	s, err := openSubscription(ctx, topic, group, opts)
 	if err != nil {
 		return nil, err

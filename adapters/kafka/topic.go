@@ -18,7 +18,11 @@ import (
 type TopicOptions struct {
 	// MaxMessageBytes is the broker's message.max.bytes (or the topic's
 	// max.message.bytes) when it is not the default; the payload limit is
-	// this less MetadataRoom. Defaults to MaxMessageBytesDefault.
+	// this less MetadataRoom. Defaults to MaxMessageBytesDefault. A client
+	// given to OpenTopic needs kgo.ProducerBatchMaxBytes of at least this
+	// (franz-go's default is 1,000,012 bytes), or OpenTopic fails with
+	// keyorder.ErrInvalidConfig; the URL opener sets it from
+	// max_message_size.
 	MaxMessageBytes int
 }
 
@@ -52,17 +56,43 @@ func openTopic(ctx context.Context, client *kgo.Client, topic string, opts *Topi
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kafka: producer for %s: %w", topic, err)
 	}
-	return &topicDriver{client: client, topic: topic, maxMsg: opts.maxMessageBytes()}, nil
+	maxMsg := opts.maxMessageBytes()
+	// franz-go refuses, after Limits let it through, a record above the
+	// client's batch limit: the limits follow the client's.
+	if v, ok := client.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && int(v) < maxMsg {
+		if int(v) <= MetadataRoom || opts != nil && opts.MaxMessageBytes > MetadataRoom {
+			return nil, fmt.Errorf("%w: kafka.OpenTopic: the client's ProducerBatchMaxBytes (%d) is below the maximum record size %d "+
+				"(TopicOptions.MaxMessageBytes, default %d): give the client kgo.ProducerBatchMaxBytes(%d)",
+				keyorder.ErrInvalidConfig, v, maxMsg, MaxMessageBytesDefault, maxMsg)
+		}
+		maxMsg = int(v)
+	}
+	return &topicDriver{client: client, topic: topic, maxMsg: maxMsg}, nil
 }
 
 // toRecord converts a driver message: the key as record key (nil when
-// keyless, so the partitioner spreads keyless records), the ID and
+// keyless, so the partitioner spreads keyless records), the payload as a
+// value that is never null (not a tombstone), the ID and
 // not-before time as reserved headers, headers as record headers.
 func toRecord(topic string, m *driver.Message) (*kgo.Record, error) {
 	if err := checkHeaders(m.Headers); err != nil {
 		return nil, err
 	}
+	return copyRecord(topic, m), nil
+}
+
+// copyRecord is toRecord without the header checks, for a message that
+// was a record already (a dead letter, a redrive): another producer may
+// have written headers the publisher's limits refuse, and refusing them
+// now would leave the message undeliverable. Headers with the reserved
+// prefix are dropped: they are the driver's to set.
+func copyRecord(topic string, m *driver.Message) *kgo.Record {
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
+	if r.Value == nil {
+		// A null value is a tombstone to log compaction (it deletes the
+		// key's records); an empty payload is an empty value.
+		r.Value = []byte{}
+	}
 	if m.Key != "" {
 		r.Key = []byte(m.Key)
 	}
@@ -74,9 +104,12 @@ func toRecord(topic string, m *driver.Message) (*kgo.Record, error) {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderNotBefore, Value: []byte(m.NotBefore.UTC().Format(time.RFC3339Nano))})
 	}
 	for k, v := range m.Headers {
+		if strings.HasPrefix(k, HeaderPrefix) {
+			continue
+		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	return r, nil
+	return r
 }
 
 // checkHeaders rejects reserved or oversized headers.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -118,8 +119,8 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 			p.subO.MaxPending = positive()
 		case "max_message_size":
 			n := positive()
-			if perr == nil && n <= MetadataRoom {
-				perr = fmt.Errorf("want a size in bytes above %d", MetadataRoom)
+			if perr == nil && (n <= MetadataRoom || n > math.MaxInt32) {
+				perr = fmt.Errorf("want a size in bytes above %d and at most %d", MetadataRoom, math.MaxInt32)
 			}
 			p.topicO.MaxMessageBytes, p.subO.MaxMessageBytes = n, n
 		case "client_id":
@@ -145,12 +146,20 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 	if forSub && p.group == "" {
 		return nil, driver.BadParam(u, "group", "required")
 	}
+	if forSub && !validTopic(DeadLetterTopic(p.topic, p.group)) {
+		return nil, driver.BadParam(u, "group", deadTopicRule)
+	}
 	if partitionsSet && !p.create {
 		return nil, driver.BadParam(u, "partitions", "only with create=true (an existing topic keeps its partitions)")
 	}
 	p.client = []kgo.Opt{kgo.SeedBrokers(p.brokers...)}
 	if clientID != "" {
 		p.client = append(p.client, kgo.ClientID(clientID))
+	}
+	if n := p.topicO.MaxMessageBytes; n > MaxMessageBytesDefault {
+		// franz-go refuses, before sending, a record above its batch
+		// limit (1,000,012 bytes by default).
+		p.client = append(p.client, kgo.ProducerBatchMaxBytes(int32(n)))
 	}
 	p.subO.ClientOptions = p.client
 	return p, nil
@@ -169,15 +178,29 @@ func validTopic(t string) bool {
 	return true
 }
 
+// deadTopicRule is why a group is refused: its dead-letter topic,
+// <topic>.<group>.dead, would not be a legal topic name, and no dead
+// letter could be written (the broker refuses the topic, and the message
+// would come back forever).
+const deadTopicRule = "the dead-letter topic <topic>.<group>.dead must be a legal topic name: " +
+	"the group of letters, digits, '.', '_', '-', and the whole at most 249 characters"
+
 // maxPartitions bounds the partitions parameter (a typo guard, far above
 // what one topic of a keyed workload needs).
 const maxPartitions = 10000
 
 // ensureTopic creates topic with partitions partitions (-1: the broker's
-// default) and the broker's default replication factor unless it exists.
+// default) and the broker's default replication factor unless it exists;
+// with maxMessage > 0 (max_message_size) the topic it creates has that
+// max.message.bytes. An existing topic is left as it is.
 // It uses a client of its own, so that it works before the driver's
 // clients exist.
-func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions int32) error {
+func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions int32, maxMessage int) error {
+	var configs map[string]*string
+	if maxMessage > 0 {
+		v := strconv.Itoa(maxMessage)
+		configs = map[string]*string{"max.message.bytes": &v}
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("%w: kafka: client: %v", keyorder.ErrInvalidConfig, err)
@@ -186,7 +209,7 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		r, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, nil, topic)
+		r, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, configs, topic)
 		if err == nil {
 			err = r.Err
 		}
@@ -209,12 +232,22 @@ func ensureTopic(ctx context.Context, opts []kgo.Opt, topic string, partitions i
 // answer (when the context has no earlier deadline).
 const connectTimeout = 30 * time.Second
 
+// unknownTopicWait is how long awaitTopic goes on asking after the cluster
+// first answers that the topic does not exist: a topic created a moment
+// ago (create=true, or by another client) takes a moment to reach every
+// broker's metadata; a topic that does not exist is reported as such once
+// this passes, not after connectTimeout.
+const unknownTopicWait = 5 * time.Second
+
 // awaitTopic waits until the cluster answers and reports topic, and
 // returns its ID. It retries transient failures (a broker not up yet)
-// until ctx ends or connectTimeout passes.
+// until ctx ends or connectTimeout passes. A topic the cluster keeps
+// reporting unknown for unknownTopicWait is an error matching
+// keyorder.ErrNotFound (and kerr.UnknownTopicOrPartition).
 func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, error) {
 	var zero [16]byte
 	deadline := time.Now().Add(connectTimeout)
+	var unknownSince time.Time
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 		if err == nil {
@@ -226,6 +259,14 @@ func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, er
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return zero, fmt.Errorf("kafka: topic %s: %w", topic, cerr)
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			if unknownSince.IsZero() {
+				unknownSince = time.Now()
+			} else if time.Since(unknownSince) >= unknownTopicWait {
+				return zero, fmt.Errorf("%w: kafka: topic %s does not exist (create it, or open the URL with create=true): %w",
+					keyorder.ErrNotFound, topic, err)
+			}
 		}
 		if err != nil && !isRetryable(err) || time.Now().After(deadline) {
 			if err == nil {
@@ -243,6 +284,32 @@ func awaitTopic(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, er
 	}
 }
 
+// topicMaxMessageBytes returns the topic's max.message.bytes (its own, or
+// the broker's message.max.bytes it inherits) when it is below
+// MaxMessageBytesDefault and above MetadataRoom, so that a payload the
+// broker would refuse fails before it is sent; 0 (the default) otherwise,
+// or when the configuration cannot be read (no DescribeConfigs
+// permission): then the broker's refusal is the error.
+func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int {
+	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return 0
+	}
+	for _, c := range rc.Configs {
+		if c.Key != "max.message.bytes" || c.Value == nil {
+			continue
+		}
+		if n, err := strconv.Atoi(*c.Value); err == nil && n > MetadataRoom && n < MaxMessageBytesDefault {
+			return n
+		}
+	}
+	return 0
+}
+
 // OpenTopicURL opens kafka://host:port/topic for publishing. The topic
 // must exist (the opener waits for the cluster to report it), unless the
 // URL says create=true.
@@ -252,7 +319,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 		return nil, err
 	}
 	if p.create {
-		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions, p.topicO.MaxMessageBytes); err != nil {
 			return nil, err
 		}
 	}
@@ -266,6 +333,9 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 	if _, err := awaitTopic(ctx, cl, p.topic); err != nil {
 		cl.Close()
 		return nil, err
+	}
+	if p.topicO.MaxMessageBytes == 0 {
+		p.topicO.MaxMessageBytes = topicMaxMessageBytes(ctx, cl, p.topic)
 	}
 	t, err := openTopic(ctx, cl, p.topic, &p.topicO)
 	if err != nil {
@@ -285,7 +355,7 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver
 		return nil, err
 	}
 	if p.create {
-		if err := ensureTopic(ctx, p.client, p.topic, p.partitions); err != nil {
+		if err := ensureTopic(ctx, p.client, p.topic, p.partitions, p.topicO.MaxMessageBytes); err != nil {
 			return nil, err
 		}
 	}

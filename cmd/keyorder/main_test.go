@@ -450,6 +450,9 @@ func TestRedaction(t *testing.T) {
 		"pubsub://p/t?subscription=s&apikey=t0psecret",
 		"sqs://q.fifo?sessiontoken=t0psecret&lease=x",
 		"pulsar://h:1/a/b/t?subscription=s&private_key=t0psecret&lease=x",
+		"kafka://ops:t0psecret@127.0.0.1:1/t?group=g",
+		"kafka://127.0.0.1:1/t?group=g&sasl_password=t0psecret",
+		"kafka://127.0.0.1:1/t?group=g&sasl.jaas.config=t0psecret&lease=x",
 		"host=127.0.0.1 port=1 user=ops password=t0psecret dbname=db",
 	} {
 		code, stdout, stderr := cmd(t, "", "stats", raw)
@@ -793,6 +796,39 @@ func TestPulsar(t *testing.T) {
 	base := testenv.Require(t, testenv.Pulsar)
 	topic := fmt.Sprintf("%s/public/default/cli-%d", base, time.Now().UnixNano())
 	exercise(t, topic, topic+"?subscription=ops&ordering=ordered")
+}
+
+// Kafka: the subscription URL creates the topic (stats runs first), the
+// group is the subscription; dead letters live in TOPIC.GROUP.dead.
+func TestKafka(t *testing.T) {
+	brokers := testenv.Require(t, testenv.Kafka)
+	topic := fmt.Sprintf("kafka://%s/cli-%d", brokers, time.Now().UnixNano())
+	sub := topic + "?group=ops&ordering=ordered&create=true&partitions=2"
+	exercise(t, topic, sub)
+	// Kafka counts dead letters (by listing the dead-letter topic) and
+	// nothing else; the subscriber holds keys in process.
+	st := statsOf(t, sub)
+	if st.Backend != "kafka" || st.NativeHold || st.LeaseDuration != "30s" || st.MaxBatch != 500 || !is(st.Dead, 0) ||
+		!slices.Equal(st.Unknown, []string{"max_attempts", "min_backoff", "max_backoff", "pending", "keys", "held", "superseded"}) {
+		t.Errorf("stats --json on Kafka: %+v", st)
+	}
+	// Held keys stay in the consuming process: not listable.
+	if code, _, stderr := cmd(t, "", "held", sub); code != exitUnsupported || !strings.Contains(stderr, "Kafka hold keys inside the consuming process") {
+		t.Errorf("held on Kafka: exit %d, %s", code, stderr)
+	}
+	// A topic that does not exist (no create=true) is not found, and the
+	// error says how to create it.
+	missing := fmt.Sprintf("kafka://%s/cli-missing-%d", brokers, time.Now().UnixNano())
+	if code, stdout, stderr := cmd(t, "", "stats", missing+"?group=ops"); code != exitNotFound || stdout != "" || !strings.Contains(stderr, "create=true") {
+		t.Errorf("stats of a missing topic: exit %d, stdout %q, stderr %q; want exit %d", code, stdout, stderr, exitNotFound)
+	}
+	if code, _, stderr := cmd(t, "x", "publish", missing, "--key", "k"); code != exitNotFound || !strings.Contains(stderr, "create=true") {
+		t.Errorf("publish to a missing topic: exit %d, stderr %q; want exit %d", code, stderr, exitNotFound)
+	}
+	// A subscription parameter on the topic URL of publish is a usage error.
+	if code, _, stderr := cmd(t, "x", "publish", sub, "--key", "k"); code != exitUsage || !strings.Contains(stderr, `parameter "group"`) {
+		t.Errorf("publish to a subscription URL: exit %d, stderr %q; want exit %d", code, stderr, exitUsage)
+	}
 }
 
 // counts returns the subscriber's counts.

@@ -16,17 +16,18 @@ import (
 // cannot report is null (never omitted, never -1), and its name is listed
 // in Unknown; a figure that is known is a number or a string, 0 included.
 //
-// What each backend reports today: PostgreSQL every field. Pub/Sub, SQS
-// and Pulsar: dead (counted by listing the dead-letter topic or queue);
-// pending, keys, held and superseded are null (SQS hides a held group's
-// messages; Pub/Sub and Pulsar hold keys inside the consuming process);
+// What each backend reports today: PostgreSQL every field. Pub/Sub, SQS,
+// Pulsar and Kafka: dead (counted by listing the dead-letter topic or
+// queue); pending, keys, held and superseded are null (SQS hides a held
+// group's messages; Pub/Sub, Pulsar and Kafka hold keys inside the
+// consuming process);
 // max_attempts, min_backoff and max_backoff are null (no retry policy is
 // stored with the subscription: each consumer's subscribe.Config.Retry
 // applies).
 type statsJSON struct {
 	// URL is the subscription URL, secrets redacted.
 	URL string `json:"url"`
-	// Backend is the URL's scheme: postgres, pubsub, sqs or pulsar.
+	// Backend is the URL's scheme: postgres, pubsub, sqs, pulsar or kafka.
 	Backend string `json:"backend"`
 	// Ordering is the subscription's policy: unordered, exclusive or
 	// ordered.
