@@ -157,6 +157,21 @@ func (s *Subscriber) forget(it *item) {
 	}
 }
 
+// forgetAll is forget for several items, with one lock and one release.
+func (s *Subscriber) forgetAll(its []*item) {
+	toks := 0
+	s.mu.Lock()
+	for _, it := range its {
+		s.removeOutstanding(it)
+		if it.hasToken {
+			it.hasToken = false
+			toks++
+		}
+	}
+	s.mu.Unlock()
+	s.releaseTokens(toks)
+}
+
 // park gives back the token of an item that waits in process for its retry.
 // Under holdKeys it parks the item's key: the key's items already received
 // wait behind it and give back their tokens too. It touches the key's own

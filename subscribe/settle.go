@@ -66,9 +66,7 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 			s.stats.SettleFailures.Add(1)
 			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 		}
-		for _, it := range batch {
-			s.forget(it)
-		}
+		s.forgetAll(batch)
 		clear(batch)
 		clear(ms)
 	}
@@ -86,9 +84,7 @@ func (s *Subscriber) retryAck(batch []*item, ms []*driver.Message, err error) {
 		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: acknowledging messages failed after retries; the broker may redeliver them", "count", len(ms), "err", err)
 	}
-	for _, it := range batch {
-		s.forget(it)
-	}
+	s.forgetAll(batch)
 }
 
 // Settlement retries: a call failing with an error the driver calls

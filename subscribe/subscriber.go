@@ -33,7 +33,7 @@ type Subscriber struct {
 	kill     chan struct{} // closed when Close's deadline ends first
 	done     chan struct{}
 
-	tokens chan struct{}
+	tokens *tokens
 	acks   chan *item
 
 	// holdKeys: Ordered without native hold (or with HoldChains), so a
@@ -130,7 +130,7 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 		shutdown:    make(chan struct{}),
 		kill:        make(chan struct{}),
 		done:        make(chan struct{}),
-		tokens:      make(chan struct{}, c.MaxOutstanding),
+		tokens:      newTokens(c.MaxOutstanding),
 		acks:        make(chan *item, c.MaxOutstanding),
 		outstanding: map[*item]struct{}{},
 		items:       slab.New[item](itemSlab),
