@@ -71,7 +71,7 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			// A redelivery of a message this process acknowledged,
 			// received before (or while) the original ran.
 			s.stats.Suppressed.Add(1)
-			s.acks <- it
+			s.acks.push(it)
 			continue
 		}
 		if it.chain != nil && it.chain.broken.Load() && !it.called {
@@ -152,7 +152,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
-		s.acks <- it
+		s.acks.push(it)
 	}
 	if cause == nil {
 		return nil, lanes.Done()
@@ -316,7 +316,7 @@ func (s *Subscriber) redeliveredDead(it *item, dn deadNote) {
 		return
 	}
 	s.stats.Suppressed.Add(1)
-	s.acks <- it
+	s.acks.push(it)
 }
 
 // deadNote is a dead letter's reason and attempts, kept for its

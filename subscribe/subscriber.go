@@ -34,7 +34,7 @@ type Subscriber struct {
 	done     chan struct{}
 
 	tokens *tokens
-	acks   chan *item
+	acks   *ackQueue
 
 	// holdKeys: Ordered without native hold (or with HoldChains), so a
 	// key whose head waits in process on a time holds the key's later
@@ -131,7 +131,7 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 		kill:        make(chan struct{}),
 		done:        make(chan struct{}),
 		tokens:      newTokens(c.MaxOutstanding),
-		acks:        make(chan *item, c.MaxOutstanding),
+		acks:        newAckQueue(),
 		outstanding: map[*item]struct{}{},
 		items:       slab.New[item](itemSlab),
 		holds:       map[string]*keyHold{},
@@ -284,7 +284,7 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 		}
 		s.giveBack(live)
 	}
-	close(s.acks)
+	s.acks.close()
 	<-ackDone
 	s.settling.Wait()
 	stopLeases()
