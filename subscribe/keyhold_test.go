@@ -13,10 +13,9 @@ import (
 // goes when nothing of the key is outstanding or parked, and is reused.
 func TestKeyHoldIsTheOneOwner(t *testing.T) {
 	s := &Subscriber{
-		holdKeys:    true,
-		outstanding: map[*item]struct{}{},
-		holds:       map[string]*keyHold{},
-		tokens:      newTokens(100),
+		holdKeys: true,
+		holds:    map[string]*keyHold{},
+		tokens:   newTokens(100),
 	}
 	add := func(id, key string) *item {
 		it := &item{m: &driver.Message{ID: id, Key: key}, key: key, hasToken: true}
@@ -80,7 +79,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 		s.forget(b)
 	}
 	s.forget(free)
-	if len(s.holds) != 0 || len(s.outstanding) != 0 || s.tokens.taken() != 0 || s.heldKeys() != 0 {
-		t.Errorf("left: %d holds, %d outstanding, %d tokens", len(s.holds), len(s.outstanding), s.tokens.taken())
+	if len(s.holds) != 0 || s.outstanding.n != 0 || s.tokens.taken() != 0 || s.heldKeys() != 0 {
+		t.Errorf("left: %d holds, %d outstanding, %d tokens", len(s.holds), s.outstanding.n, s.tokens.taken())
 	}
 }

@@ -30,10 +30,14 @@ type item struct {
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
 	parked   bool // counted in its key's keyHold.parked
-	// inHold: outstanding under holdKeys, so listed on its key's keyHold,
-	// whose items prevK and nextK link.
+	// inHold: outstanding under holdKeys, so listed on its key's keyHold
+	// (hold), whose items prevK and nextK link.
 	inHold       bool
+	hold         *keyHold
 	prevK, nextK *item
+	// inOut: in Subscriber.outstanding, whose items prevO and nextO link.
+	inOut        bool
+	prevO, nextO *item
 	// round is closed when the last lease renewal that included the item
 	// has returned.
 	round chan struct{}
@@ -173,9 +177,9 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				free += s.untoken(it)
 				if it.inHold {
 					it.parked = true
-					s.holds[it.key].parked++
+					it.hold.parked++
 				}
-			case it.inHold && s.holds[it.key].parked > 0:
+			case it.inHold && it.hold.parked > 0:
 				// Behind a parked head of its key: held.
 				free += s.untoken(it)
 			}

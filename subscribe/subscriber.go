@@ -44,7 +44,7 @@ type Subscriber struct {
 	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
 
 	mu          sync.Mutex
-	outstanding map[*item]struct{}
+	outstanding outList
 	// holds is each key's one owner under holdKeys (see hold.go).
 	holds      map[string]*keyHold
 	holdsSpare []*keyHold
@@ -127,17 +127,16 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	}
 	s := &Subscriber{
 		drv: drv, cfg: c, caps: caps,
-		shutdown:    make(chan struct{}),
-		kill:        make(chan struct{}),
-		done:        make(chan struct{}),
-		tokens:      newTokens(c.MaxOutstanding),
-		acks:        newAckQueue(),
-		outstanding: map[*item]struct{}{},
-		items:       slab.New[item](itemSlab),
-		holds:       map[string]*keyHold{},
-		heldRoom:    make(chan struct{}, 1),
-		acked:       newIDSet(c.DedupeSize),
-		undead:      newNoteSet[deadNote](c.DedupeSize),
+		shutdown: make(chan struct{}),
+		kill:     make(chan struct{}),
+		done:     make(chan struct{}),
+		tokens:   newTokens(c.MaxOutstanding),
+		acks:     newAckQueue(),
+		items:    slab.New[item](itemSlab),
+		holds:    map[string]*keyHold{},
+		heldRoom: make(chan struct{}, 1),
+		acked:    newIDSet(c.DedupeSize),
+		undead:   newNoteSet[deadNote](c.DedupeSize),
 	}
 	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
@@ -303,7 +302,7 @@ func (s *Subscriber) drain(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.mu.Lock()
-		n := len(s.outstanding)
+		n := s.outstanding.n
 		s.mu.Unlock()
 		if n == 0 {
 			return
