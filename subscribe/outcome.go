@@ -359,13 +359,14 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 		headers[keyorder.HeaderPartitionKey] = m.Key
 	}
 	payload := m.Payload
-	if !s.caps.NativeHold || s.batcher != nil {
-		// The message may be handed to a handler again (a retry held in
-		// process; the rest of a batch, handed again after one of its
-		// messages settled): each attempt gets its own copy, so what a
-		// handler writes into it never reaches a later attempt. Otherwise
-		// the driver's bytes are this delivery's own already.
-		payload = bytes.Clone(payload)
+	if s.copiesPayload() {
+		// The first attempt's copy was made at receive (item.first),
+		// with its neighbours' in one allocation.
+		if it.first != nil {
+			payload, it.first = it.first, nil
+		} else {
+			payload = bytes.Clone(payload)
+		}
 	}
 	d := &it.d
 	if it.called {
@@ -382,3 +383,19 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	}
 	return d
 }
+
+// copiesPayload reports whether each attempt gets its own copy of a
+// message's payload. The message may be handed to a handler again (a
+// retry held in process; the rest of a batch, handed again after one of
+// its messages settled), and what a handler writes into its payload must
+// never reach a later attempt. Otherwise the driver's bytes are the
+// delivery's own already.
+func (s *Subscriber) copiesPayload() bool {
+	return !s.caps.NativeHold || s.batcher != nil
+}
+
+// payloadChunk is how many bytes of first attempts' payload copies one
+// allocation holds (Subscriber.payloads). Small payloads (up to a quarter
+// of it) share chunks, so copying one seldom allocates; a chunk lives
+// until no delivery cut from it is referenced.
+const payloadChunk = 4096

@@ -56,6 +56,10 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// first is the payload of the first attempt, copied at receive where
+	// each attempt gets its own copy (see Subscriber.delivery); taken by
+	// that attempt.
+	first []byte
 	// started is the argument of driver.StartRecorder.Started for a run
 	// of the item alone (see Subscriber.started): set at receive, never
 	// written again.
@@ -151,6 +155,9 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			it := s.items.Next()
 			it.m, it.attempt, it.hasToken, it.seq = m, max(m.Attempt, 1), i < n, s.seq
 			it.started[0] = m
+			if s.copiesPayload() {
+				it.first = s.payloads.Copy(m.Payload)
+			}
 			s.classify(it)
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {

@@ -42,6 +42,9 @@ type Subscriber struct {
 	holdKeys bool
 	seq      uint64          // receive order; pump only
 	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
+	// payloads holds the copies of first attempts' payloads (item.first),
+	// payloadChunk bytes at a time; pump only.
+	payloads slab.Bytes
 
 	mu          sync.Mutex
 	outstanding outList
@@ -133,6 +136,7 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 		tokens:   newTokens(c.MaxOutstanding),
 		acks:     newAckQueue(),
 		items:    slab.New[item](itemSlab),
+		payloads: slab.NewBytes(payloadChunk),
 		holds:    map[string]*keyHold{},
 		heldRoom: make(chan struct{}, 1),
 		acked:    newIDSet(c.DedupeSize),
