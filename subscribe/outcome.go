@@ -127,13 +127,14 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 // lease cancelled it while the lane's ctx was not done (keepLeases cancels
 // the whole attempt).
 func (s *Subscriber) endAttempt(ctx context.Context, hctx *attemptCtx, run []*item) (leaseCut bool) {
-	leaseCut = hctx.cancelled() && ctx.Err() == nil
 	for _, it := range run {
 		it.mu.Lock()
 		it.hctx = nil
 		it.mu.Unlock()
 	}
-	hctx.cancel()
+	// Out of the items, nothing cancels it now but end: whether it was
+	// cancelled is settled.
+	leaseCut = hctx.end() && ctx.Err() == nil
 	s.stats.Handled.Add(int64(len(run)))
 	return leaseCut
 }
