@@ -421,7 +421,7 @@ func (p *Pool[T]) SubmitAll(ctx context.Context, its []Item, vs []T) (int, error
 	if len(its) <= 1 || len(p.lanes) > maxAllLanes {
 		return p.submitEach(ctx, its, vs, 0)
 	}
-	var idxBuf [256]uint8
+	var idxBuf [1024]uint8 // batches up to this size allocate nothing
 	var countBuf [maxAllLanes]int32
 	idx := idxBuf[:0]
 	if len(its) > len(idxBuf) {
