@@ -67,11 +67,18 @@ func (c *attemptCtx) cancel() {
 	}
 }
 
-// cancelled reports whether cancel has been called.
-func (c *attemptCtx) cancelled() bool {
+// end cancels the context, as cancel does, and reports whether cancel had
+// been called before: one lock where asking and then cancelling take two.
+func (c *attemptCtx) end() (cancelled bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ended
+	cancelled = c.ended
+	c.ended = true
+	stop := c.stop
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	return cancelled
 }
 
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }

@@ -94,8 +94,7 @@ func (s *Subscriber) RunBatch(ctx context.Context, h BatchHandlerFunc) error {
 	if !s.outstandingAsked {
 		n := 2 * s.cfg.Workers * s.cfg.Batch.MaxSize
 		s.cfg.MaxOutstanding = n
-		s.tokens = make(chan struct{}, n)
-		s.acks = make(chan *item, n)
+		s.tokens = newTokens(n)
 	} else if s.cfg.MaxOutstanding < s.cfg.Batch.MaxSize {
 		s.cfg.Logger.Warn("keyorder: subscribe.Config.MaxOutstanding is below Batch.MaxSize; batches cannot fill and wait MaxWait",
 			"max_outstanding", s.cfg.MaxOutstanding, "max_size", s.cfg.Batch.MaxSize)

@@ -65,8 +65,9 @@ type Config struct {
 	// ShutdownTimeout is how long Run waits for running handlers after its
 	// context ends. Defaults to ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
-	// DedupeSize is how many acknowledged message IDs are remembered to
-	// suppress redeliveries. Defaults to DedupeSizeDefault; negative disables.
+	// DedupeSize is how many acknowledged message IDs are remembered, at
+	// least (up to twice as many), to suppress redeliveries. Defaults to
+	// DedupeSizeDefault; negative disables.
 	DedupeSize int
 	// Middleware wraps the handler, first entry outermost.
 	Middleware []Middleware

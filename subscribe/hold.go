@@ -31,8 +31,8 @@ const holdsSpareMax = 1024
 // addOutstanding records a received item as outstanding, and under
 // holdKeys on its key's hold. Called with s.mu held.
 func (s *Subscriber) addOutstanding(it *item) {
-	s.outstanding[it] = struct{}{}
-	s.peak = max(s.peak, len(s.outstanding))
+	s.outstanding.add(it)
+	s.peak = max(s.peak, s.outstanding.n)
 	if !it.hasToken {
 		it.held = true
 		s.held++
@@ -41,7 +41,7 @@ func (s *Subscriber) addOutstanding(it *item) {
 		return
 	}
 	h := s.holdFor(it.key)
-	it.inHold = true
+	it.inHold, it.hold = true, h
 	it.prevK, it.nextK = h.tail, nil
 	if h.tail != nil {
 		h.tail.nextK = it
@@ -73,7 +73,7 @@ func (s *Subscriber) holdFor(key string) *keyHold {
 // hold; a hold left with no items and nothing parked goes. Idempotent.
 // Called with s.mu held.
 func (s *Subscriber) removeOutstanding(it *item) {
-	delete(s.outstanding, it)
+	s.outstanding.remove(it)
 	if it.held {
 		it.held = false
 		s.held--
@@ -88,7 +88,7 @@ func (s *Subscriber) removeOutstanding(it *item) {
 	if !it.inHold {
 		return
 	}
-	h := s.holds[it.key]
+	h := it.hold
 	if it.prevK != nil {
 		it.prevK.nextK = it.nextK
 	} else {
@@ -99,7 +99,7 @@ func (s *Subscriber) removeOutstanding(it *item) {
 	} else {
 		h.tail = it.prevK
 	}
-	it.inHold, it.prevK, it.nextK = false, nil, nil
+	it.inHold, it.hold, it.prevK, it.nextK = false, nil, nil, nil
 	h.n--
 	s.dropHoldIfIdle(it.key, h)
 }
@@ -138,7 +138,7 @@ func (s *Subscriber) untoken(it *item) int {
 		return 0
 	}
 	it.hasToken = false
-	if _, ok := s.outstanding[it]; ok && !it.held {
+	if it.inOut && !it.held {
 		it.held = true
 		s.held++
 	}
@@ -155,6 +155,21 @@ func (s *Subscriber) forget(it *item) {
 	if tok {
 		s.releaseTokens(1)
 	}
+}
+
+// forgetAll is forget for several items, with one lock and one release.
+func (s *Subscriber) forgetAll(its []*item) {
+	toks := 0
+	s.mu.Lock()
+	for _, it := range its {
+		s.removeOutstanding(it)
+		if it.hasToken {
+			it.hasToken = false
+			toks++
+		}
+	}
+	s.mu.Unlock()
+	s.releaseTokens(toks)
 }
 
 // park gives back the token of an item that waits in process for its retry.
@@ -196,4 +211,39 @@ func (s *Subscriber) drop(it *item) {
 		it.chain.broken.Store(true)
 	}
 	s.forget(it)
+}
+
+// outList is the set of outstanding items: a list linked through the
+// items themselves (item.prevO, nextO), so that adding and removing one,
+// once per message each, touch no map. Guarded by Subscriber.mu.
+type outList struct {
+	head *item
+	n    int
+}
+
+func (l *outList) add(it *item) {
+	it.inOut = true
+	it.prevO, it.nextO = nil, l.head
+	if l.head != nil {
+		l.head.prevO = it
+	}
+	l.head = it
+	l.n++
+}
+
+// remove takes it out of the list if it is in; idempotent.
+func (l *outList) remove(it *item) {
+	if !it.inOut {
+		return
+	}
+	if it.prevO != nil {
+		it.prevO.nextO = it.nextO
+	} else {
+		l.head = it.nextO
+	}
+	if it.nextO != nil {
+		it.nextO.prevO = it.prevO
+	}
+	it.inOut, it.prevO, it.nextO = false, nil, nil
+	l.n--
 }

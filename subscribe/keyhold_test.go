@@ -1,6 +1,7 @@
 package subscribe
 
 import (
+	"context"
 	"testing"
 
 	"github.com/keyorder/keyorder/driver"
@@ -12,14 +13,15 @@ import (
 // goes when nothing of the key is outstanding or parked, and is reused.
 func TestKeyHoldIsTheOneOwner(t *testing.T) {
 	s := &Subscriber{
-		holdKeys:    true,
-		outstanding: map[*item]struct{}{},
-		holds:       map[string]*keyHold{},
-		tokens:      make(chan struct{}, 100),
+		holdKeys: true,
+		holds:    map[string]*keyHold{},
+		tokens:   newTokens(100),
 	}
 	add := func(id, key string) *item {
 		it := &item{m: &driver.Message{ID: id, Key: key}, key: key, hasToken: true}
-		s.tokens <- struct{}{}
+		if n, err := s.tokens.acquire(context.Background(), 1); n != 1 || err != nil {
+			t.Fatalf("acquire: %d, %v", n, err)
+		}
 		s.mu.Lock()
 		s.addOutstanding(it)
 		s.mu.Unlock()
@@ -50,7 +52,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 	if !free.hasToken {
 		t.Errorf("parking key A took a keyless item's token")
 	}
-	if got := len(s.tokens); got != 51 {
+	if got := s.tokens.taken(); got != 51 {
 		t.Errorf("%d tokens held after parking A, want 51 (B's 50 and s1)", got)
 	}
 	if got := s.heldKeys(); got != 1 {
@@ -77,7 +79,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 		s.forget(b)
 	}
 	s.forget(free)
-	if len(s.holds) != 0 || len(s.outstanding) != 0 || len(s.tokens) != 0 || s.heldKeys() != 0 {
-		t.Errorf("left: %d holds, %d outstanding, %d tokens", len(s.holds), len(s.outstanding), len(s.tokens))
+	if len(s.holds) != 0 || s.outstanding.n != 0 || s.tokens.taken() != 0 || s.heldKeys() != 0 {
+		t.Errorf("left: %d holds, %d outstanding, %d tokens", len(s.holds), s.outstanding.n, s.tokens.taken())
 	}
 }

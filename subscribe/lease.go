@@ -35,16 +35,16 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		}
 		next := period
 		s.mu.Lock()
-		if len(s.outstanding) == 0 {
+		if s.outstanding.n == 0 {
 			s.mu.Unlock()
 			failures = 0
 			t.Reset(next)
 			continue
 		}
 		round := make(chan struct{})
-		ms := make([]*driver.Message, 0, len(s.outstanding))
-		byMsg := make(map[*driver.Message]*item, len(s.outstanding))
-		for it := range s.outstanding {
+		ms := make([]*driver.Message, 0, s.outstanding.n)
+		byMsg := make(map[*driver.Message]*item, s.outstanding.n)
+		for it := s.outstanding.head; it != nil; it = it.nextO {
 			ms = append(ms, it.m)
 			byMsg[it.m] = it
 			it.round = round
@@ -75,7 +75,7 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		s.mu.Lock()
 		for _, m := range lost {
 			if it := byMsg[m]; it != nil && !it.lost.Load() {
-				if _, ok := s.outstanding[it]; ok {
+				if it.inOut {
 					gone = append(gone, it)
 				}
 			}

@@ -70,7 +70,7 @@ type Observer interface {
 func (s *Subscriber) Outstanding() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.outstanding)
+	return s.outstanding.n
 }
 
 // observed ends an attempt's observation, if any, with its outcome.

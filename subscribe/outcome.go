@@ -71,7 +71,7 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			// A redelivery of a message this process acknowledged,
 			// received before (or while) the original ran.
 			s.stats.Suppressed.Add(1)
-			s.acks <- it
+			s.acks.push(it)
 			continue
 		}
 		if it.chain != nil && it.chain.broken.Load() && !it.called {
@@ -127,13 +127,14 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 // lease cancelled it while the lane's ctx was not done (keepLeases cancels
 // the whole attempt).
 func (s *Subscriber) endAttempt(ctx context.Context, hctx *attemptCtx, run []*item) (leaseCut bool) {
-	leaseCut = hctx.cancelled() && ctx.Err() == nil
 	for _, it := range run {
 		it.mu.Lock()
 		it.hctx = nil
 		it.mu.Unlock()
 	}
-	hctx.cancel()
+	// Out of the items, nothing cancels it now but end: whether it was
+	// cancelled is settled.
+	leaseCut = hctx.end() && ctx.Err() == nil
 	s.stats.Handled.Add(int64(len(run)))
 	return leaseCut
 }
@@ -152,7 +153,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
-		s.acks <- it
+		s.acks.push(it)
 	}
 	if cause == nil {
 		return nil, lanes.Done()
@@ -316,7 +317,7 @@ func (s *Subscriber) redeliveredDead(it *item, dn deadNote) {
 		return
 	}
 	s.stats.Suppressed.Add(1)
-	s.acks <- it
+	s.acks.push(it)
 }
 
 // deadNote is a dead letter's reason and attempts, kept for its
@@ -359,13 +360,14 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 		headers[keyorder.HeaderPartitionKey] = m.Key
 	}
 	payload := m.Payload
-	if !s.caps.NativeHold || s.batcher != nil {
-		// The message may be handed to a handler again (a retry held in
-		// process; the rest of a batch, handed again after one of its
-		// messages settled): each attempt gets its own copy, so what a
-		// handler writes into it never reaches a later attempt. Otherwise
-		// the driver's bytes are this delivery's own already.
-		payload = bytes.Clone(payload)
+	if s.copiesPayload() {
+		// The first attempt's copy was made at receive (item.first),
+		// with its neighbours' in one allocation.
+		if it.first != nil {
+			payload, it.first = it.first, nil
+		} else {
+			payload = bytes.Clone(payload)
+		}
 	}
 	d := &it.d
 	if it.called {
@@ -382,3 +384,19 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	}
 	return d
 }
+
+// copiesPayload reports whether each attempt gets its own copy of a
+// message's payload. The message may be handed to a handler again (a
+// retry held in process; the rest of a batch, handed again after one of
+// its messages settled), and what a handler writes into its payload must
+// never reach a later attempt. Otherwise the driver's bytes are the
+// delivery's own already.
+func (s *Subscriber) copiesPayload() bool {
+	return !s.caps.NativeHold || s.batcher != nil
+}
+
+// payloadChunk is how many bytes of first attempts' payload copies one
+// allocation holds (Subscriber.payloads). Small payloads (up to a quarter
+// of it) share chunks, so copying one seldom allocates; a chunk lives
+// until no delivery cut from it is referenced.
+const payloadChunk = 4096

@@ -30,10 +30,14 @@ type item struct {
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
 	parked   bool // counted in its key's keyHold.parked
-	// inHold: outstanding under holdKeys, so listed on its key's keyHold,
-	// whose items prevK and nextK link.
+	// inHold: outstanding under holdKeys, so listed on its key's keyHold
+	// (hold), whose items prevK and nextK link.
 	inHold       bool
+	hold         *keyHold
 	prevK, nextK *item
+	// inOut: in Subscriber.outstanding, whose items prevO and nextO link.
+	inOut        bool
+	prevO, nextO *item
 	// round is closed when the last lease renewal that included the item
 	// has returned.
 	round chan struct{}
@@ -52,6 +56,14 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// first is the payload of the first attempt, copied at receive where
+	// each attempt gets its own copy (see Subscriber.delivery); taken by
+	// that attempt.
+	first []byte
+	// started is the argument of driver.StartRecorder.Started for a run
+	// of the item alone (see Subscriber.started): set at receive, never
+	// written again.
+	started [1]*driver.Message
 }
 
 // chain links consecutive messages of one key received together from a
@@ -83,6 +95,7 @@ const itemSlab = 8
 func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 	failures := 0
 	var its []*item
+	var lits []lanes.Item
 	for {
 		n, err := s.acquire(ctx)
 		if err != nil {
@@ -141,6 +154,10 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.seq++
 			it := s.items.Next()
 			it.m, it.attempt, it.hasToken, it.seq = m, max(m.Attempt, 1), i < n, s.seq
+			it.started[0] = m
+			if s.copiesPayload() {
+				it.first = s.payloads.Copy(m.Payload)
+			}
 			s.classify(it)
 			if s.caps.NativeHold && s.caps.Ordering == policy.Ordered && m.Key != "" {
 				if prev != nil && prev.m.Key == m.Key {
@@ -153,39 +170,47 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			}
 			its = append(its, it)
 		}
+		// One lock for the batch's bookkeeping, one release of the tokens
+		// of those waiting on time, one submission to the lanes.
 		now := time.Now()
-		for i, it := range its {
-			m := it.m
-			free := 0
-			s.mu.Lock()
+		free := 0
+		s.mu.Lock()
+		for _, it := range its {
 			s.addOutstanding(it)
 			switch {
-			case m.NotBefore.After(now):
+			case it.m.NotBefore.After(now):
 				// Waiting on time, like a retry: held, not counted.
 				// Under holdKeys it parks its key.
 				free += s.untoken(it)
 				if it.inHold {
 					it.parked = true
-					s.holds[it.key].parked++
+					it.hold.parked++
 				}
-			case it.inHold && s.holds[it.key].parked > 0:
+			case it.inHold && it.hold.parked > 0:
 				// Behind a parked head of its key: held.
 				free += s.untoken(it)
 			}
-			s.mu.Unlock()
-			s.releaseTokens(free)
-			if s.batcher != nil {
-				if err := s.batcher.add(ctx, it); err != nil {
-					s.giveBack(its[i+1:]) // the batcher gave back its batch
-					break
-				}
-				continue
+		}
+		s.mu.Unlock()
+		s.releaseTokens(free)
+		if s.batcher == nil {
+			lits = lits[:0]
+			for _, it := range its {
+				lits = append(lits, lanes.Item{Key: it.key, Keyed: it.key != "", NotBefore: it.m.NotBefore, Fairness: it.fair})
 			}
-			if err := pool.Submit(ctx, lanes.Item{Key: it.key, Keyed: it.key != "", NotBefore: m.NotBefore, Fairness: it.fair}, it); err != nil {
-				// Shutting down: give this one and the rest back
-				// unhandled, all of them, so that none of a key is
-				// handled after one before it went back.
-				s.giveBack(its[i:])
+			n, err := pool.SubmitAll(ctx, lits, its)
+			clear(lits)
+			if err != nil {
+				// Shutting down: give the rest back unhandled, all of
+				// them, so that none of a key is handled after one
+				// before it went back.
+				s.giveBack(its[n:])
+			}
+			continue
+		}
+		for i, it := range its {
+			if err := s.batcher.add(ctx, it); err != nil {
+				s.giveBack(its[i+1:]) // the batcher gave back its batch
 				break
 			}
 		}
@@ -215,9 +240,7 @@ func (s *Subscriber) giveBack(its []*item) {
 		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: returning unhandled messages failed; the broker will redeliver them", "count", len(ms), "err", err)
 	}
-	for _, it := range its {
-		s.forget(it)
-	}
+	s.forgetAll(its)
 }
 
 // detach takes items out of outstanding before they are handed back (Nack,
@@ -241,21 +264,7 @@ func (s *Subscriber) detach(its ...*item) {
 // acquire takes one flow-control token (blocking) and as many more as are
 // free, up to a receive batch.
 func (s *Subscriber) acquire(ctx context.Context) (int, error) {
-	select {
-	case s.tokens <- struct{}{}:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	n := 1
-	for n < s.caps.MaxBatch {
-		select {
-		case s.tokens <- struct{}{}:
-			n++
-		default:
-			return n, nil
-		}
-	}
-	return n, nil
+	return s.tokens.acquire(ctx, s.caps.MaxBatch)
 }
 
 // waitHeld returns once fewer than Config.MaxHeld received messages are
@@ -292,8 +301,72 @@ func (s *Subscriber) waitHeld(ctx context.Context) error {
 	}
 }
 
-func (s *Subscriber) releaseTokens(n int) {
-	for range n {
-		<-s.tokens
+func (s *Subscriber) releaseTokens(n int) { s.tokens.release(n) }
+
+// tokens is the flow-control semaphore: Config.MaxOutstanding tokens, one
+// per outstanding message that may run. The pump is its only taker and
+// takes a receive batch's worth at once; settlements give tokens back, the
+// acker a whole acknowledged batch's at once. A counter under a mutex
+// rather than a channel of tokens: one operation per batch either way,
+// where a channel costs one per token.
+type tokens struct {
+	size    int // Config.MaxOutstanding
+	mu      sync.Mutex
+	free    int  // tokens not taken
+	waiting bool // the taker waits for wake
+	wake    chan struct{}
+}
+
+func newTokens(n int) *tokens {
+	return &tokens{size: n, free: n, wake: make(chan struct{}, 1)}
+}
+
+// acquire takes one token, waiting for it until ctx ends, and as many more
+// as are free, up to max in all.
+func (t *tokens) acquire(ctx context.Context, max int) (int, error) {
+	for {
+		t.mu.Lock()
+		if t.free > 0 {
+			n := min(t.free, max)
+			t.free -= n
+			t.waiting = false
+			t.mu.Unlock()
+			return n, nil
+		}
+		t.waiting = true
+		t.mu.Unlock()
+		select {
+		case <-t.wake:
+		case <-ctx.Done():
+			t.mu.Lock()
+			t.waiting = false
+			t.mu.Unlock()
+			return 0, ctx.Err()
+		}
 	}
+}
+
+// release gives back n tokens, waking a waiting taker.
+func (t *tokens) release(n int) {
+	if n <= 0 {
+		return
+	}
+	t.mu.Lock()
+	t.free += n
+	wake := t.waiting
+	t.waiting = false
+	t.mu.Unlock()
+	if wake {
+		select {
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// taken returns the number of tokens taken.
+func (t *tokens) taken() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.size - t.free
 }

@@ -27,51 +27,47 @@ const (
 // one makes one round trip for many messages.
 func (s *Subscriber) acker(done chan<- struct{}) {
 	defer close(done)
-	batch := make([]*item, 0, ackBatchMax)
+	var spare []*item
 	ms := make([]*driver.Message, 0, ackBatchMax)
 	var actx timeoutCtx
 	defer actx.stop()
-	for it := range s.acks {
-		batch = append(batch[:0], it)
-	more:
-		for len(batch) < ackBatchMax {
-			select {
-			case it, ok := <-s.acks:
-				if !ok {
-					break more
-				}
-				batch = append(batch, it)
-			default:
-				break more
-			}
+	for {
+		all, ok := s.acks.take(spare)
+		if !ok {
+			return
 		}
-		ms = ms[:0]
-		s.mu.Lock() // out of outstanding: a renewal now does not call them lost
-		for _, it := range batch {
-			ms = append(ms, it.m)
-			s.removeOutstanding(it)
+		for rest := all; len(rest) > 0; {
+			batch := rest[:min(len(rest), ackBatchMax)]
+			rest = rest[len(batch):]
+			s.ack(actx.get(), batch, ms[:0])
 		}
-		s.mu.Unlock()
-		if err := s.drv.Ack(actx.get(), ms); err != nil {
-			if s.drv.IsRetryable(err) {
-				// Retried off the acker, so the acknowledgements queued
-				// behind this batch are not held up by it.
-				s.stats.SettleRetries.Add(1)
-				s.settling.Add(1)
-				go s.retryAck(slices.Clone(batch), slices.Clone(ms), err)
-				clear(batch)
-				clear(ms)
-				continue
-			}
-			s.stats.SettleFailures.Add(1)
-			s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
-		}
-		for _, it := range batch {
-			s.forget(it)
-		}
-		clear(batch)
-		clear(ms)
+		clear(all)
+		spare = all[:0]
 	}
+}
+
+// ack acknowledges batch in one driver call (ms is scratch space).
+func (s *Subscriber) ack(ctx context.Context, batch []*item, ms []*driver.Message) {
+	s.mu.Lock() // out of outstanding: a renewal now does not call them lost
+	for _, it := range batch {
+		ms = append(ms, it.m)
+		s.removeOutstanding(it)
+	}
+	s.mu.Unlock()
+	defer clear(ms)
+	if err := s.drv.Ack(ctx, ms); err != nil {
+		if s.drv.IsRetryable(err) {
+			// Retried off the acker, so the acknowledgements queued
+			// behind this batch are not held up by it.
+			s.stats.SettleRetries.Add(1)
+			s.settling.Add(1)
+			go s.retryAck(slices.Clone(batch), slices.Clone(ms), err)
+			return
+		}
+		s.stats.SettleFailures.Add(1)
+		s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
+	}
+	s.forgetAll(batch)
 }
 
 // retryAck retries an acknowledgement that failed with a retryable error,
@@ -86,9 +82,7 @@ func (s *Subscriber) retryAck(batch []*item, ms []*driver.Message, err error) {
 		s.stats.SettleFailures.Add(1)
 		s.cfg.Logger.Warn("keyorder: acknowledging messages failed after retries; the broker may redeliver them", "count", len(ms), "err", err)
 	}
-	for _, it := range batch {
-		s.forget(it)
-	}
+	s.forgetAll(batch)
 }
 
 // Settlement retries: a call failing with an error the driver calls

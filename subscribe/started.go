@@ -22,9 +22,17 @@ func (s *Subscriber) started(ctx context.Context, run []*item) {
 	if !ok {
 		return
 	}
-	ms := make([]*driver.Message, len(run))
-	for i, it := range run {
-		ms[i] = it.m
+	var ms []*driver.Message
+	if len(run) == 1 {
+		// A run of one (every run under Run) passes the item's own
+		// one-element slice, set at receive: no allocation per message,
+		// and never written again, so a driver may keep it.
+		ms = run[0].started[:]
+	} else {
+		ms = make([]*driver.Message, len(run))
+		for i, it := range run {
+			ms[i] = it.m
+		}
 	}
 	s.recordStarted(ctx, r, ms)
 }

@@ -69,7 +69,7 @@ func (s *Subscriber) Stats(ctx context.Context) (Stats, error) {
 		Throttled: c.Throttled.Load(),
 	}
 	s.mu.Lock()
-	st.Outstanding, st.Held = len(s.outstanding), s.held
+	st.Outstanding, st.Held = s.outstanding.n, s.held
 	s.mu.Unlock()
 	r, ok := s.drv.(driver.StatsReporter)
 	if !ok {

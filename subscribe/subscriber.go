@@ -33,8 +33,8 @@ type Subscriber struct {
 	kill     chan struct{} // closed when Close's deadline ends first
 	done     chan struct{}
 
-	tokens chan struct{}
-	acks   chan *item
+	tokens *tokens
+	acks   *ackQueue
 
 	// holdKeys: Ordered without native hold (or with HoldChains), so a
 	// key whose head waits in process on a time holds the key's later
@@ -42,9 +42,12 @@ type Subscriber struct {
 	holdKeys bool
 	seq      uint64          // receive order; pump only
 	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
+	// payloads holds the copies of first attempts' payloads (item.first),
+	// payloadChunk bytes at a time; pump only.
+	payloads slab.Bytes
 
 	mu          sync.Mutex
-	outstanding map[*item]struct{}
+	outstanding outList
 	// holds is each key's one owner under holdKeys (see hold.go).
 	holds      map[string]*keyHold
 	holdsSpare []*keyHold
@@ -127,17 +130,17 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	}
 	s := &Subscriber{
 		drv: drv, cfg: c, caps: caps,
-		shutdown:    make(chan struct{}),
-		kill:        make(chan struct{}),
-		done:        make(chan struct{}),
-		tokens:      make(chan struct{}, c.MaxOutstanding),
-		acks:        make(chan *item, c.MaxOutstanding),
-		outstanding: map[*item]struct{}{},
-		items:       slab.New[item](itemSlab),
-		holds:       map[string]*keyHold{},
-		heldRoom:    make(chan struct{}, 1),
-		acked:       newIDSet(c.DedupeSize),
-		undead:      newNoteSet[deadNote](c.DedupeSize),
+		shutdown: make(chan struct{}),
+		kill:     make(chan struct{}),
+		done:     make(chan struct{}),
+		tokens:   newTokens(c.MaxOutstanding),
+		acks:     newAckQueue(),
+		items:    slab.New[item](itemSlab),
+		payloads: slab.NewBytes(payloadChunk),
+		holds:    map[string]*keyHold{},
+		heldRoom: make(chan struct{}, 1),
+		acked:    newIDSet(c.DedupeSize),
+		undead:   newNoteSet[deadNote](c.DedupeSize),
 	}
 	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
@@ -284,7 +287,7 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 		}
 		s.giveBack(live)
 	}
-	close(s.acks)
+	s.acks.close()
 	<-ackDone
 	s.settling.Wait()
 	stopLeases()
@@ -303,7 +306,7 @@ func (s *Subscriber) drain(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.mu.Lock()
-		n := len(s.outstanding)
+		n := s.outstanding.n
 		s.mu.Unlock()
 		if n == 0 {
 			return
