@@ -50,12 +50,16 @@
 // interceptor; pulsar: the client's metrics) and, on sqs, after each
 // backlog consume, the consume-side calls per API (calls per message,
 // messages or entries per call, round-trip times, releases and
-// extensions); -publish-only skips the consume and end-to-end phases;
+// extensions; for ReceiveMessage also the calls over 100 ms and the
+// messages and groups in flight when each call was made); -publish-only skips the consume and end-to-end phases;
 // -alternate runs the systems' rounds in turn; $KEYORDER_BENCH_CPUPROFILE
 // names a file for a CPU profile of the run; $KEYORDER_BENCH_SERVER_PID
 // names the broker's process, whose CPU time per message consumed is then
 // printed after each backlog consume; -raw-attrs (sqs) adds a raw system
-// sending and receiving the message attributes keyorder sends.
+// sending and receiving the message attributes keyorder sends, and
+// -raw-ko-receive one that also receives with the ReceiveMessage
+// parameters keyorder's driver sends (an attempt ID, six system attribute
+// names, a visibility timeout).
 //
 // Servers come from the environment testenv sets: KEYORDER_PG_URL,
 // PUBSUB_EMULATOR_HOST, KEYORDER_SQS_ENDPOINT, KEYORDER_PULSAR_URL.

@@ -37,6 +37,13 @@ const (
 // broker apart from the rest of keyorder.
 var rawAttrs = flag.Bool("raw-attrs", false, "sqs: also run the raw client sending and receiving keyorder's message attributes")
 
+// rawKoReceive adds a raw system that also receives with the parameters
+// keyorder's driver sends on every ReceiveMessage call (a
+// ReceiveRequestAttemptId, its six system attribute names, a
+// VisibilityTimeout), to measure what they cost the broker apart from
+// keyorder's call pattern.
+var rawKoReceive = flag.Bool("raw-ko-receive", false, "sqs: also run the raw client with keyorder's attributes and keyorder's ReceiveMessage parameters")
+
 func sqsBackend(context.Context) (*backend, error) {
 	sqsURL, err := env("KEYORDER_SQS_ENDPOINT", "sqs")
 	if err != nil {
@@ -111,6 +118,16 @@ func rawSystems(client *awssqs.Client) []system {
 		out = append(out, system{name: "raw +keyorder attrs",
 			open: func(ctx context.Context, id string) (endpoint, error) { return openSQSRaw(ctx, client, id, true) }})
 	}
+	if *rawKoReceive {
+		out = append(out, system{name: "raw +keyorder attrs+receive",
+			open: func(ctx context.Context, id string) (endpoint, error) {
+				ep, err := openSQSRaw(ctx, client, id, true)
+				if err == nil {
+					ep.(*sqsRaw).koReceive = true
+				}
+				return ep, err
+			}})
+	}
 	return out
 }
 
@@ -146,6 +163,9 @@ type sqsRaw struct {
 	name   string
 	url    *string
 	attrs  bool // send and receive keyorder's attributes (-raw-attrs)
+	// koReceive: receive with keyorder's ReceiveMessage parameters
+	// (-raw-ko-receive).
+	koReceive bool
 }
 
 func openSQSRaw(ctx context.Context, client *awssqs.Client, id string, attrs bool) (endpoint, error) {
@@ -218,6 +238,21 @@ func (e *sqsRaw) consume(ctx context.Context, chk *orderCheck) error {
 				in := &awssqs.ReceiveMessageInput{QueueUrl: e.url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1}
 				if e.attrs {
 					in.MessageAttributeNames = []string{"All"}
+				}
+				if e.koReceive {
+					// What the sqs driver's receiveRaw sends besides.
+					var b [16]byte
+					rand.Read(b[:])
+					in.ReceiveRequestAttemptId = aws.String(base64.RawURLEncoding.EncodeToString(b[:]))
+					in.VisibilityTimeout = int32(sqs.VisibilityDefault / time.Second)
+					in.MessageSystemAttributeNames = []types.MessageSystemAttributeName{
+						types.MessageSystemAttributeNameApproximateReceiveCount,
+						types.MessageSystemAttributeNameSentTimestamp,
+						types.MessageSystemAttributeNameMessageGroupId,
+						types.MessageSystemAttributeNameSequenceNumber,
+						types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp,
+						types.MessageSystemAttributeNameMessageDeduplicationId,
+					}
 				}
 				out, err := e.client.ReceiveMessage(ctx, in)
 				if err != nil {
