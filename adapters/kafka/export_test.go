@@ -21,3 +21,10 @@ var OpenSubscriptionDriver = openSubscription
 
 // PartitionOf returns the partition of a received message.
 func PartitionOf(m *driver.Message) int32 { return m.Copy.(position).partition }
+
+// Joined reports whether s has a group member (a group client).
+func Joined(s *Subscription) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen != nil
+}

@@ -66,6 +66,16 @@
 // holds a failed record in its lane and retries it there, before anything
 // behind it of its key; other keys of the partition go on.
 //
+// Joining: a subscription joins its group on its first Receive, not when
+// it is opened. Opening checks the topic (a missing one fails the open
+// with keyorder.ErrNotFound) and the client options, nothing more. An
+// operator's process (keyorder stats, dead list|show|redrive, held) opens
+// a subscription only to read its dead letters and statistics and closes
+// it without receiving; had it joined, each such command would rebalance
+// a live group twice: the group would move partitions to the operator's
+// process, wait for the live members' records in flight, and move them
+// back on Close.
+//
 // Order across partitions: Kafka orders a partition, not a topic, and a
 // fetch returns each partition's records as a block. The driver hands out
 // the records it holds merged by record timestamp (ties by partition),

@@ -36,7 +36,8 @@ func OpenTopic(ctx context.Context, client *kgo.Client, topic string, opts *Topi
 }
 
 // OpenSubscription returns a Subscriber that joins consumer group on topic
-// (which must exist). The group must make a legal dead-letter topic name,
+// (which must exist) when it first receives, not at open (see the package
+// documentation). The group must make a legal dead-letter topic name,
 // <topic>.<group>.dead (letters, digits, '.', '_', '-'; at most 249
 // characters in all), or OpenSubscription fails with
 // keyorder.ErrInvalidConfig. The driver makes its own clients from

@@ -198,9 +198,17 @@ var (
 	_ driver.Namer           = (*subscriptionDriver)(nil)
 )
 
-// openSubscription joins group on topic with clients made from clientOpts
-// (seed brokers and connection options) and returns its consuming driver.
-// The topic must exist.
+// openSubscription returns the consuming driver of a member of group on
+// topic, with clients made from opts.ClientOptions (seed brokers and
+// connection options). The topic must exist.
+//
+// It checks the topic and the member's client options but does not join
+// the group: the first Receive does. An operator's process (keyorder
+// stats, dead list|show|redrive, held) opens a subscription only to read
+// its dead letters and closes it without receiving; joining at open would
+// rebalance a live group twice for each such command (the group moves
+// partitions to the operator's process, waits for the live members'
+// records in flight, and moves them back on Close).
 func openSubscription(ctx context.Context, topic, group string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
 	if topic == "" || group == "" {
 		return nil, fmt.Errorf("%w: kafka.OpenSubscription: empty topic or group", keyorder.ErrInvalidConfig)
@@ -220,8 +228,11 @@ func openSubscription(ctx context.Context, topic, group string, opts *Subscripti
 	if err != nil {
 		return nil, fmt.Errorf("kafka: subscribe %s: %w", group, err)
 	}
-	if _, err := s.current(); err != nil {
-		return nil, err
+	// What joining would reject, rejected here (kgo.NewClient fails only
+	// on its options), so that a bad option fails the open and not the
+	// first Receive.
+	if err := kgo.ValidateOpts(s.memberOpts(&generation{})...); err != nil {
+		return nil, fmt.Errorf("%w: kafka: consumer client: %v", keyorder.ErrInvalidConfig, err)
 	}
 	s.wg.Add(2)
 	go s.watchdog()
@@ -229,7 +240,11 @@ func openSubscription(ctx context.Context, topic, group string, opts *Subscripti
 	return s, nil
 }
 
-// current returns the live member, joining the group when there is none.
+// current returns the live member, joining the group when there is none:
+// on the first Receive, and on the next one after the watchdog gave the
+// member up. The other methods need no member: Ack, Release and
+// ExtendLeases act on records a Receive handed out, and the dead-letter
+// methods use their own producing client.
 func (s *subscriptionDriver) current() (*generation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -240,6 +255,18 @@ func (s *subscriptionDriver) current() (*generation, error) {
 		return s.gen, nil
 	}
 	g := &generation{parts: map[int32]*partState{}}
+	cl, err := kgo.NewClient(s.memberOpts(g)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: consumer client: %v", keyorder.ErrInvalidConfig, err)
+	}
+	g.cl, g.fetch = cl, cl
+	s.gen = g
+	return g, nil
+}
+
+// memberOpts are the options of g's group client: the caller's client
+// options and the group, topic, balancer, commit and callback options.
+func (s *subscriptionDriver) memberOpts(g *generation) []kgo.Opt {
 	opts := append(slices.Clip(s.opts.ClientOptions),
 		kgo.ConsumerGroup(s.group),
 		kgo.ConsumeTopics(s.topic),
@@ -258,13 +285,7 @@ func (s *subscriptionDriver) current() (*generation, error) {
 	if s.opts.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(s.opts.SessionTimeout), kgo.HeartbeatInterval(max(s.opts.SessionTimeout/6, 100*time.Millisecond)))
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: consumer client: %v", keyorder.ErrInvalidConfig, err)
-	}
-	g.cl, g.fetch = cl, cl
-	s.gen = g
-	return g, nil
+	return opts
 }
 
 // assigned creates the states of newly assigned partitions.
@@ -985,7 +1006,8 @@ func (s *subscriptionDriver) Name() string { return s.group }
 
 // Close commits what completed and leaves the group: the group gives the
 // member's partitions to the other members, which redeliver what had not
-// completed.
+// completed. A subscription that never received (an operator's) never
+// joined: Close closes its clients and leaves the group as it was.
 func (s *subscriptionDriver) Close() error {
 	s.mu.Lock()
 	if s.closed {
