@@ -14,10 +14,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 )
@@ -387,4 +390,91 @@ func runCombineProperty(t *testing.T, seed uint64, mixed bool) {
 	if ft.failed == 0 {
 		t.Error("no call failed: the run tested no failure")
 	}
+}
+
+// mixedSteps is a stepTopic that declares driver.MixedKeySender.
+type mixedSteps struct{ *stepTopic }
+
+func (mixedSteps) SendsMixedKeys() bool { return true }
+
+// On a driver that combines keys: the keys of a PublishBatch go in one
+// call, each key's messages together and in order; a key queued behind
+// that call waits while a key with nothing in flight goes in a call of its
+// own; the call's failure pauses every key in it and fails what queued
+// behind them, and after the resume the keys are sent again, combined.
+func TestCombinedSendFailurePausesEveryKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memory.NewBroker()
+		if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel, MaxBatch: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		st := &stepTopic{Topic: memhook.Of(b).TopicDriver("t"), steps: make(chan step, 100)}
+		p, err := publish.New(mixedSteps{st}, &publish.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close(context.Background())
+		sub, err := memhook.Of(b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+
+		batch := make(chan error, 1)
+		go func() {
+			_, err := p.PublishBatch(ctx, []*keyorder.Message{msg("a1", "A", "a1"), msg("b1", "B", "b1"), msg("a2", "A", "a2"), msg("c1", "C", "c1")})
+			batch <- err
+		}()
+		first := st.next(t)
+		if want := []string{"a1", "a2", "b1", "c1"}; !slices.Equal(first.payloads, want) {
+			t.Fatalf("first call sent %v, want %v", first.payloads, want)
+		}
+		a3 := p.PublishAsync(ctx, msg("a3", "A", "a3"))
+		d1 := p.PublishAsync(ctx, msg("d1", "D", "d1"))
+		second := st.next(t)
+		if want := []string{"d1"}; !slices.Equal(second.payloads, want) {
+			t.Fatalf("second call sent %v, want %v (A is in flight)", second.payloads, want)
+		}
+		st.idle(t)
+
+		boom := errors.New("boom")
+		first.reply <- boom
+		if err := <-batch; !errors.Is(err, boom) {
+			t.Fatalf("PublishBatch = %v, want boom", err)
+		}
+		synctest.Wait()
+		if _, err := a3.Get(ctx); !errors.Is(err, keyorder.ErrKeyPaused) {
+			t.Fatalf("a3, queued behind the failed call = %v, want ErrKeyPaused", err)
+		}
+		if got := p.Paused(); !slices.Equal(got, []string{"A", "B", "C"}) {
+			t.Fatalf("paused %v, want [A B C]", got)
+		}
+		if _, err := p.PublishAsync(ctx, msg("b2", "B", "b2")).Get(ctx); !errors.Is(err, keyorder.ErrKeyPaused) {
+			t.Fatalf("b2 after the failure = %v, want ErrKeyPaused", err)
+		}
+		second.reply <- nil
+		if _, err := d1.Get(ctx); err != nil {
+			t.Fatalf("d1 = %v", err)
+		}
+		st.idle(t)
+
+		if n := p.ResumeAll(); n != 3 {
+			t.Fatalf("ResumeAll = %d, want 3", n)
+		}
+		go func() {
+			_, err := p.PublishBatch(ctx, []*keyorder.Message{msg("b3", "B", "b3"), msg("a4", "A", "a4")})
+			batch <- err
+		}()
+		third := st.next(t)
+		if want := []string{"b3", "a4"}; !slices.Equal(third.payloads, want) {
+			t.Fatalf("after the resume the call sent %v, want %v", third.payloads, want)
+		}
+		third.reply <- nil
+		if err := <-batch; err != nil {
+			t.Fatal(err)
+		}
+		if got := payloads(receiveAll(t, sub)); !slices.Equal(got, []string{"d1", "b3", "a4"}) {
+			t.Fatalf("the broker got %v, want [d1 b3 a4]", got)
+		}
+	})
 }
