@@ -26,14 +26,17 @@
 //
 // Most brokers take one key per request, so each key is sent on its own:
 // a PublishBatch over 1,000 keys makes 1,000 requests. A driver that
-// accepts several keys in one request (driver.MixedKeySender, such as
-// PostgreSQL's) gets the batches of the keys that are ready at the same
-// time combined into one request instead, up to Config.MaxBatch messages
-// and the backend's byte limit, with at most CombinedSendsInFlight such
-// requests in flight. Nothing waits to be combined: what becomes ready
-// while the requests in flight run goes in the next one. Every guarantee
-// above holds per key as before: one batch per key in flight, and a failed
-// request fails (retries, pauses) every key in it as a failed batch of one
+// declares it accepts several keys in one request (PostgreSQL's does) gets
+// the batches of the keys that are ready at the same time combined into
+// one request instead, up to Config.MaxBatch messages and the backend's
+// byte limit, with at most CombinedSendsInFlight such requests in flight.
+// Nothing waits to be combined: a key with messages queued and nothing in
+// flight goes at once while fewer requests are in flight, else in the next
+// request to start, with every key that became ready meanwhile (a key that
+// lingers, see Config.Linger, becomes ready when its linger ends). Every
+// guarantee above holds per key as before: one batch per key in flight, and
+// a failed request fails (retries, pauses) every key in it as a failed
+// batch of one
 // key does.
 //
 // # Asynchronous publishing
