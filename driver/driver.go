@@ -99,7 +99,9 @@ type Limits = keyorder.Limits
 // Topic is the publishing side of a driver.
 type Topic interface {
 	// SendBatch sends ms to the broker, in order. All messages of one call
-	// share one Key, or all are keyless. SendBatch may be called
+	// share one Key, or all are keyless, unless the driver implements
+	// MixedKeySender: then one call may carry the batches of several keys
+	// (never keyless messages with them). SendBatch may be called
 	// concurrently, but never concurrently for the same key: the portable
 	// layer keeps one batch per key in flight, so a key's messages reach the
 	// broker in publish order. It must not modify ms, nor retain ms, the
@@ -121,6 +123,26 @@ type Topic interface {
 	ErrorCode(err error) keyorder.ErrorCode
 	// Close releases the driver's resources.
 	Close() error
+}
+
+// MixedKeySender is implemented by Topic drivers whose SendBatch accepts
+// the messages of several keys in one call. The portable publisher then
+// combines the batches of keys that are ready at the same time into one
+// call instead of one call per key: a PublishBatch over 1,000 keys becomes
+// a few round trips instead of 1,000. It still keeps at most one batch per
+// key in flight, bounds each call by Limits (MaxBatchMessages,
+// MaxBatchBytes), and treats a failed call as the failure of every key in
+// it (each is retried or paused as a failed single-key batch is).
+//
+// A wrapper that embeds a Topic does not forward the method, so wrapping a
+// driver turns the combining off unless the wrapper implements it too.
+type MixedKeySender interface {
+	// SendsMixedKeys reports whether SendBatch accepts a call whose
+	// messages have several keys: each key's messages are sent in slice
+	// order, and the call is all-or-nothing as far as the broker allows,
+	// exactly as a call of one key. A driver whose answer depends on its
+	// configuration reports false when it cannot.
+	SendsMixedKeys() bool
 }
 
 // Capabilities describe how a subscription's broker delivers (see

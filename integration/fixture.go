@@ -372,6 +372,14 @@ type keepOpen struct{ driver.Topic }
 // Close leaves the driver open.
 func (keepOpen) Close() error { return nil }
 
+// SendsMixedKeys forwards the driver's driver.MixedKeySender, so the
+// conformance cases run the publisher's combined sends where the backend
+// has them.
+func (k keepOpen) SendsMixedKeys() bool {
+	m, ok := k.Topic.(driver.MixedKeySender)
+	return ok && m.SendsMixedKeys()
+}
+
 // counts returns the subscriber's counts (the process's own; an error from
 // the backend's part is ignored: the conformance cases read only the
 // process's counts).

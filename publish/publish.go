@@ -22,6 +22,23 @@
 // Config.MaxBatch, one batch at a time; keyless messages are sent
 // concurrently.
 //
+// # Combined sends
+//
+// Most brokers take one key per request, so each key is sent on its own:
+// a PublishBatch over 1,000 keys makes 1,000 requests. A driver that
+// declares it accepts several keys in one request (PostgreSQL's does) gets
+// the batches of the keys that are ready at the same time combined into
+// one request instead, up to Config.MaxBatch messages and the backend's
+// byte limit, with at most CombinedSendsInFlight such requests in flight.
+// Nothing waits to be combined: a key with messages queued and nothing in
+// flight goes at once while fewer requests are in flight, else in the next
+// request to start, with every key that became ready meanwhile (a key that
+// lingers, see Config.Linger, becomes ready when its linger ends). Every
+// guarantee above holds per key as before: one batch per key in flight, and
+// a failed request fails (retries, pauses) every key in it as a failed
+// batch of one
+// key does.
+//
 // # Asynchronous publishing
 //
 // PublishAsync queues a message and returns a *Result at once, without
@@ -104,8 +121,10 @@ type Config struct {
 	// AutoResume resumes a key right after a failed publish instead of
 	// pausing it.
 	AutoResume bool
-	// MaxBatch is the most messages of one key sent in one batch. Defaults
-	// to MaxBatchDefault, capped by the backend's limit.
+	// MaxBatch is the most messages of one key sent in one batch, and on a
+	// driver that combines keys (see "Combined sends") the most messages
+	// of one request. Defaults to MaxBatchDefault, capped by the backend's
+	// limit.
 	MaxBatch int
 	// SendRetries is how many times a transient send error is retried.
 	// Defaults to SendRetriesDefault; a negative value disables retries.
@@ -115,7 +134,8 @@ type Config struct {
 	// Linger is how long a key's first batch waits for more of the key's
 	// messages before it is sent, when the key has nothing in flight
 	// (later batches go as soon as the one before them is settled, with
-	// what queued meanwhile). It trades latency for fewer, fuller
+	// what queued meanwhile; on a driver that combines keys, in the next
+	// request that has room). It trades latency for fewer, fuller
 	// requests when many keys publish a few messages each through
 	// PublishAsync; a batch that reaches MaxBatch goes at once. Zero (the
 	// default) sends at once; a synchronous Publish on an idle key waits
@@ -188,19 +208,37 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// CombinedSendsInFlight is how many requests that combine keys a Publisher
+// keeps in flight at most, on a driver that combines keys (see "Combined
+// sends"). What becomes ready while they run waits for one of them to
+// finish and then goes in one request. More than one keeps a slow request
+// (a retry's backoff) from holding up every other key; PostgreSQL's pool
+// holds at least 4 connections by default.
+const CombinedSendsInFlight = 4
+
 // Publisher publishes messages to one topic. It is safe for concurrent use.
 type Publisher struct {
 	drv    driver.Topic
 	cfg    *Config
 	limits driver.Limits
+	// combine is set when the driver sends several keys in one call
+	// (driver.MixedKeySender).
+	combine bool
 
-	mu      sync.Mutex
-	closed  bool
-	keys    map[string]*keyQueue
-	spare   []*keyQueue // finished queues kept for reuse
-	paused  map[string]error
-	flow    flow // outstanding messages and bytes, blocked publishes
-	senders sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	keys   map[string]*keyQueue
+	spare  []*keyQueue // finished queues kept for reuse
+	paused map[string]error
+	flow   flow // outstanding messages and bytes, blocked publishes
+	// ready holds, when combine is set, the keys with queued messages and
+	// no batch in flight or lingering, oldest first, from readyHead on;
+	// calls counts the combined sends in flight (at most
+	// CombinedSendsInFlight).
+	ready     []*keyQueue
+	readyHead int
+	calls     int
+	senders   sync.WaitGroup
 	// closing is closed when Close starts: a lingering first batch goes at
 	// once.
 	closing chan struct{}
@@ -235,6 +273,11 @@ type keyQueue struct {
 	// full is signalled (under Publisher.mu) when pending reaches
 	// MaxBatch while the sender lingers; nil otherwise.
 	full chan struct{}
+	// With Publisher.combine: inCall is set while a batch of the key is in
+	// a send, lingering while its first batch lingers, isReady while it is
+	// in Publisher.ready. A key is in exactly one of these states while it
+	// is in Publisher.keys.
+	inCall, lingering, isReady bool
 }
 
 // spareMax bounds the finished key queues kept for reuse.
@@ -305,8 +348,9 @@ func New(drv driver.Topic, cfg *Config) (*Publisher, error) {
 		c.MaxBatch = lim.MaxBatchMessages
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	mk, _ := drv.(driver.MixedKeySender)
 	p := &Publisher{
-		drv: drv, cfg: c, limits: lim,
+		drv: drv, cfg: c, limits: lim, combine: mk != nil && mk.SendsMixedKeys(),
 		keys: map[string]*keyQueue{}, paused: map[string]error{},
 		closing:  make(chan struct{}),
 		payloads: slab.NewBytes(payloadChunk),
@@ -484,14 +528,27 @@ func (p *Publisher) queueLocked(rs []*request) {
 			}
 			kq.key = key
 			p.keys[key] = kq
-			p.senders.Add(1)
-			go kq.send()
+			switch {
+			case !p.combine:
+				p.senders.Add(1)
+				go kq.send()
+			case p.cfg.Linger > 0:
+				kq.lingering = true
+				p.senders.Add(1)
+				go p.lingerKey(kq)
+			}
 		}
 		kq.pending = append(kq.pending, r)
+		if p.combine {
+			p.readyLocked(kq)
+		}
 		if kq.full != nil && len(kq.pending) >= p.cfg.MaxBatch {
 			close(kq.full)
 			kq.full = nil
 		}
+	}
+	if p.combine {
+		p.startSendsLocked()
 	}
 	if len(keyless) > 0 {
 		p.senders.Add(1)
@@ -521,12 +578,7 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 			settled, settledBytes = 0, 0
 		}
 		if len(kq.pending) == 0 {
-			delete(p.keys, key)
-			if len(p.spare) < spareMax {
-				kq.key = ""
-				kq.pending = kq.pending[:0]
-				p.spare = append(p.spare, kq)
-			}
+			p.dropKeyLocked(kq)
 			p.mu.Unlock()
 			return
 		}
@@ -578,6 +630,17 @@ func (p *Publisher) sendKey(key string, kq *keyQueue) {
 		}
 		clear(batch)
 		p.cfg.Logger.Warn("keyorder: keyed publish failed", "key", key, "paused", !p.cfg.AutoResume, "err", err)
+	}
+}
+
+// dropKeyLocked forgets a key that has nothing queued nor in flight,
+// keeping its queue for reuse; p.mu is held.
+func (p *Publisher) dropKeyLocked(kq *keyQueue) {
+	delete(p.keys, kq.key)
+	if len(p.spare) < spareMax {
+		kq.key = ""
+		kq.pending = kq.pending[:0]
+		p.spare = append(p.spare, kq)
 	}
 }
 

@@ -44,7 +44,10 @@ type pgTopic struct {
 	closed   atomic.Bool
 }
 
-var _ driver.Topic = (*pgTopic)(nil)
+var (
+	_ driver.Topic          = (*pgTopic)(nil)
+	_ driver.MixedKeySender = (*pgTopic)(nil)
+)
 
 // openTopic opens the driver of topic on pool. With opts.Migrate it first applies pending
 // migrations; with opts.Create it creates the topic if missing, else a
@@ -78,9 +81,9 @@ func openTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Opti
 	return t, nil
 }
 
-// SendBatch inserts ms in one transaction, in order. Unlike the general
-// contract requires, this driver also accepts a batch that mixes keys: each
-// key keeps its order within the batch.
+// SendBatch inserts ms in one transaction, in order. It accepts a batch
+// that mixes keys (see SendsMixedKeys): each key keeps its order within the
+// batch.
 func (t *pgTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if t.closed.Load() {
 		return keyorder.ErrClosed
@@ -95,6 +98,13 @@ func (t *pgTopic) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	}
 	return t.s.insert(ctx, t.s.pool, t.id, nil, ms, t.notifyChannel())
 }
+
+// SendsMixedKeys reports true: SendBatch inserts a batch of several keys in
+// one transaction, all or nothing, each key's messages in order (the head
+// locks are taken in key order, so concurrent batches cannot deadlock), so
+// the portable publisher combines the keys ready at once into one round
+// trip.
+func (t *pgTopic) SendsMixedKeys() bool { return true }
 
 // PublishTx enqueues ms inside the caller's transaction: they become
 // visible to consumers exactly when tx commits, and vanish if it rolls back
