@@ -40,6 +40,8 @@ var docSections = []docSection{
 		command: "go run ./integration/cmd/testenv run --only sqs -- go run ./integration/bench -backend sqs -out integration/bench/results"},
 	{name: "pulsar", title: "Pulsar (standalone broker): raw client vs keyorder",
 		command: "go run ./integration/cmd/testenv run --only pulsar -- go run ./integration/bench -backend pulsar -out integration/bench/results"},
+	{name: "kafka", title: "Kafka (KRaft broker, 8 partitions): raw franz-go vs keyorder",
+		command: "go run ./integration/cmd/testenv run --only kafka -- go run ./integration/bench -backend kafka -out integration/bench/results"},
 	{name: "pgbatch", title: "Ordered batches on PostgreSQL: hot keys",
 		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgbatch -out integration/bench/results"},
 	{name: "pgcompact", title: "PostgreSQL compaction",

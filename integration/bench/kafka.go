@@ -36,8 +36,13 @@ func kafkaBackend(context.Context) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	// create makes the topic and waits until every partition has a
-	// leader, so the publish phase does not time the topic's creation.
+	// create makes the topic and waits until the broker leads every
+	// partition, so the publish phase does not time the topic's creation:
+	// Metadata names a leader before a KRaft broker leads a new partition,
+	// and until it does, Produce and ListOffsets fail with
+	// NOT_LEADER_OR_FOLLOWER and franz-go retries after its backoff (a
+	// produce) or one second (a group member's start offset). A partition
+	// that answers ListOffsets is led.
 	create := func(ctx context.Context, id string) error {
 		adm := kadm.NewClient(admin)
 		r, err := adm.CreateTopic(ctx, kafkaPartitions, 1, nil, id)
@@ -48,21 +53,16 @@ func kafkaBackend(context.Context) (*backend, error) {
 			return err
 		}
 		for {
-			tds, err := adm.ListTopics(ctx, id)
+			ends, err := adm.ListEndOffsets(ctx, id)
 			if err == nil {
-				if td, ok := tds[id]; ok && td.Err == nil && len(td.Partitions) == kafkaPartitions {
-					ready := true
-					for _, p := range td.Partitions {
-						ready = ready && p.Leader >= 0 && p.Err == nil
-					}
-					if ready {
-						return nil
-					}
-				}
+				err = ends.Error()
+			}
+			if err == nil && len(ends[id]) == kafkaPartitions {
+				return nil
 			}
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return fmt.Errorf("topic %s: partitions not led: %w (last: %v)", id, ctx.Err(), err)
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
