@@ -18,13 +18,14 @@
 // Each lane is a queue that hands out the oldest deliverable item under the
 // pool's policy.Ordering:
 //
-//   - Parallel (the zero value) puts no constraint on a key. Under ByKey the
-//     single worker of a lane still runs a key's items one at a time, in
-//     order, except that a retried item waits aside.
+//   - Ordered (the zero value) allows at most one item of a key in flight,
+//     and a retried or not-yet-due item holds everything of its key behind
+//     it.
 //   - Exclusive allows at most one item of a key in flight; an item waiting
 //     for its retry lets later items of its key run first.
-//   - Ordered allows at most one item of a key in flight, and a retried or
-//     not-yet-due item holds everything of its key behind it.
+//   - Parallel puts no constraint on a key. Under ByKey the single worker of
+//     a lane still runs a key's items one at a time, in order, except that a
+//     retried item waits aside.
 //
 // A key that is waiting (a retry delay or a not-before time) parks only
 // itself: its lane goes on serving other keys meanwhile. Items without a key
@@ -161,8 +162,7 @@ type Config struct {
 	// Assign decides which lane an item goes to. Defaults to ByKey.
 	Assign Assignment
 	// Ordering is the delivery policy for items that share a key. Defaults
-	// to policy.Parallel (the zero value); Exclusive and Ordered enforce the
-	// key rules.
+	// to policy.Ordered (the zero value); Parallel lifts the key rules.
 	Ordering policy.Ordering
 	// Capacity is the maximum number of waiting items per lane, not counting
 	// those in flight; Submit blocks while the lane is full. Defaults to

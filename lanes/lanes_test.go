@@ -247,7 +247,7 @@ func TestDifferentKeysConcurrent(t *testing.T) {
 func TestParallelSharedRunsKeyConcurrently(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
-		p := mustNew(t, &Config{Workers: 3, Assign: Shared},
+		p := mustNew(t, &Config{Workers: 3, Assign: Shared, Ordering: policy.Parallel},
 			func(ctx context.Context, key string, keyed bool, v int) Result {
 				<-gate
 				return Done()
@@ -708,7 +708,7 @@ func TestInvalidConfig(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	for _, cfg := range []*Config{nil, {}} {
 		c := cfg.WithDefaults()
-		if c.Workers < 1 || c.Capacity != CapacityDefault || c.Assign != ByKey || c.Ordering != policy.Parallel {
+		if c.Workers < 1 || c.Capacity != CapacityDefault || c.Assign != ByKey || c.Ordering != policy.Ordered {
 			t.Errorf("%+v.WithDefaults() = %+v", cfg, c)
 		}
 	}
