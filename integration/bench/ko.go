@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -136,6 +137,15 @@ func (e *koEndpoint) consume(ctx context.Context, chk *orderCheck) error {
 	sc.Logger = quiet()
 	if koWorkers > 0 {
 		sc.Workers = koWorkers
+	}
+	switch koAssign {
+	case "":
+	case "bykey":
+		sc.Assign = lanes.ByKey
+	case "shared":
+		sc.Assign = lanes.Shared
+	default:
+		return fmt.Errorf("-assign %q: want bykey or shared", koAssign)
 	}
 	s, err := e.d.openSub(ctx, &sc)
 	if err != nil {
