@@ -43,7 +43,8 @@ const (
 // Spec says what a history must satisfy.
 type Spec struct {
 	// Ordering is the subscription's policy. Parallel checks resolution
-	// only; Exclusive adds no overlap per key; Ordered adds the order rules.
+	// only; Exclusive adds no overlap per key; Ordered (the zero value) adds
+	// the order rules.
 	Ordering policy.Ordering
 	// DeadLettered lists the IDs of messages known to be dead-lettered
 	// without a handling that says so: the subscriber dead-letters a

@@ -11,6 +11,7 @@ import (
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/memhook"
 	"github.com/keyorder/keyorder/keyordertest"
+	"github.com/keyorder/keyorder/policy"
 )
 
 // TestFailSettlements checks the matching of SettleFault (operation, key,
@@ -19,7 +20,9 @@ import (
 func TestFailSettlements(t *testing.T) {
 	ctx := context.Background()
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", nil); err != nil {
+	// Parallel: one Receive hands out all three (Ordered would hold a's
+	// second message behind its first).
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Parallel}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := keyordertest.FailSettlements(b, "nope"); err == nil {

@@ -175,7 +175,7 @@ func TestByKeyOneLaneInOrder(t *testing.T) {
 				var mu sync.Mutex
 				running := map[string]int{}
 				seen := map[string][]int{}
-				p := mustNew(t, &Config{Workers: 4, Ordering: o, Capacity: 16},
+				p := mustNew(t, &Config{Workers: 4, Assign: ByKey, Ordering: o, Capacity: 16},
 					func(ctx context.Context, key string, keyed bool, v int) Result {
 						mu.Lock()
 						running[key]++
@@ -247,7 +247,7 @@ func TestDifferentKeysConcurrent(t *testing.T) {
 func TestParallelSharedRunsKeyConcurrently(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
-		p := mustNew(t, &Config{Workers: 3, Assign: Shared},
+		p := mustNew(t, &Config{Workers: 3, Assign: Shared, Ordering: policy.Parallel},
 			func(ctx context.Context, key string, keyed bool, v int) Result {
 				<-gate
 				return Done()
@@ -358,7 +358,7 @@ func TestOrderedRetryHoldsOnlyItsKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := newRecorder()
 		var once sync.Once
-		p := mustNew(t, &Config{Workers: 4, Ordering: policy.Ordered},
+		p := mustNew(t, &Config{Workers: 4, Assign: ByKey, Ordering: policy.Ordered},
 			func(ctx context.Context, key string, keyed bool, v item) Result {
 				rec.add(v.name)
 				retry := false
@@ -435,7 +435,7 @@ func TestNotBeforeParksOnlyItsKey(t *testing.T) {
 		t.Run(tc.o.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rec := newRecorder()
-				p := mustNew(t, &Config{Workers: 4, Ordering: tc.o},
+				p := mustNew(t, &Config{Workers: 4, Assign: ByKey, Ordering: tc.o},
 					func(ctx context.Context, key string, keyed bool, v item) Result {
 						rec.add(v.name)
 						time.Sleep(time.Second)
@@ -708,14 +708,19 @@ func TestInvalidConfig(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	for _, cfg := range []*Config{nil, {}} {
 		c := cfg.WithDefaults()
-		if c.Workers < 1 || c.Capacity != CapacityDefault || c.Assign != ByKey || c.Ordering != policy.Parallel {
+		if c.Workers < 1 || c.Capacity != CapacityDefault || c.Assign != Shared || c.Ordering != policy.Ordered {
 			t.Errorf("%+v.WithDefaults() = %+v", cfg, c)
 		}
 	}
 	synctest.Test(t, func(t *testing.T) {
 		p := mustNew(t, nil, func(context.Context, string, bool, int) Result { return Done() })
+		if len(p.lanes) != 1 {
+			t.Errorf("%d lanes, want 1 (Shared)", len(p.lanes))
+		}
+		closePool(t, p)
+		p = mustNew(t, &Config{Assign: ByKey}, func(context.Context, string, bool, int) Result { return Done() })
 		if len(p.lanes) != (&Config{}).WithDefaults().Workers {
-			t.Errorf("%d lanes, want GOMAXPROCS", len(p.lanes))
+			t.Errorf("ByKey: %d lanes, want GOMAXPROCS", len(p.lanes))
 		}
 		closePool(t, p)
 	})
@@ -724,10 +729,13 @@ func TestDefaults(t *testing.T) {
 // TestSteadyStateAllocs: submitting and running items does not allocate
 // once the pool is warm.
 func TestSteadyStateAllocs(t *testing.T) {
-	for _, o := range []policy.Ordering{policy.Parallel, policy.Ordered} {
-		t.Run(o.String(), func(t *testing.T) {
+	for _, c := range []struct {
+		a Assignment
+		o policy.Ordering
+	}{{ByKey, policy.Parallel}, {ByKey, policy.Ordered}, {Shared, policy.Parallel}, {Shared, policy.Ordered}} {
+		t.Run(c.a.String()+"/"+c.o.String(), func(t *testing.T) {
 			done := make(chan struct{}, 1)
-			p := mustNew(t, &Config{Workers: 2, Ordering: o},
+			p := mustNew(t, &Config{Workers: 2, Assign: c.a, Ordering: c.o},
 				func(ctx context.Context, key string, keyed bool, v int) Result {
 					if v < 0 {
 						done <- struct{}{}

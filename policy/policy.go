@@ -21,16 +21,17 @@ import (
 type Ordering int
 
 const (
-	// Parallel puts no constraint on a key: any number of its messages may be
-	// in flight, and a failed message does not hold the rest.
-	Parallel Ordering = iota
+	// Ordered allows at most one message per key in flight, and the next is
+	// delivered only after the current one is acknowledged or dead-lettered:
+	// a failed message holds everything behind it. It is the zero value, so
+	// an options struct that does not say gets the strictest policy.
+	Ordered Ordering = iota
 	// Exclusive allows at most one message per key in flight; a failed
 	// message waiting for its retry lets later messages of its key run first.
 	Exclusive
-	// Ordered allows at most one message per key in flight, and the next is
-	// delivered only after the current one is acknowledged or dead-lettered:
-	// a failed message holds everything behind it.
-	Ordered
+	// Parallel puts no constraint on a key: any number of its messages may be
+	// in flight, and a failed message does not hold the rest.
+	Parallel
 )
 
 // String returns "parallel", "exclusive" or "ordered".
@@ -48,7 +49,7 @@ func (o Ordering) String() string {
 
 // Valid reports whether o is one of Parallel, Exclusive and Ordered.
 // Configurations reject any other value.
-func (o Ordering) Valid() bool { return o >= Parallel && o <= Ordered }
+func (o Ordering) Valid() bool { return o >= Ordered && o <= Parallel }
 
 // Keyed reports whether the ordering constrains messages of one key.
 func (o Ordering) Keyed() bool { return o == Exclusive || o == Ordered }

@@ -73,7 +73,7 @@ func TestValid(t *testing.T) {
 			t.Errorf("%v not valid", o)
 		}
 	}
-	for _, o := range []Ordering{-1, Ordered + 1, 99} {
+	for _, o := range []Ordering{-1, Parallel + 1, 99} {
 		if o.Valid() {
 			t.Errorf("%v valid", o)
 		}

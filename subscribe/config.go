@@ -35,7 +35,11 @@ type Config struct {
 	// Workers is the number of lanes (Assign ByKey) or workers (Shared).
 	// Defaults to WorkersDefault.
 	Workers int
-	// Assign decides how keys map onto workers. Defaults to lanes.ByKey.
+	// Assign decides how keys map onto workers. Defaults to lanes.Shared
+	// (the zero value): any free worker runs the oldest message whose key
+	// is free. lanes.ByKey binds each key to one of Workers lanes, which
+	// passes more messages per second with handlers that take next to no
+	// time and fewer with handlers that wait (see package lanes).
 	Assign lanes.Assignment
 	// Retry is the attempt budget and backoff. The retry policy is a
 	// property of the subscription, like its ordering: where the backend

@@ -42,6 +42,7 @@ import (
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/memhook"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -56,16 +57,19 @@ type propScenario struct {
 	// only), so a failed chain member with members behind it is retried in
 	// process.
 	holdChains bool
-	ordering   policy.Ordering
-	batch      *subscribe.BatchConfig // nil: Run
-	laneKey    bool
-	fair       bool
-	throttle   bool
-	stalls     bool
-	restart    bool
-	workers    int
-	maxOut     int
-	msgs       []*propMsg
+	// assign is the subscriber's lane assignment: ByKey (a key hashed onto
+	// one lane and worker) or Shared (one lane every worker serves).
+	assign   lanes.Assignment
+	ordering policy.Ordering
+	batch    *subscribe.BatchConfig // nil: Run
+	laneKey  bool
+	fair     bool
+	throttle bool
+	stalls   bool
+	restart  bool
+	workers  int
+	maxOut   int
+	msgs     []*propMsg
 }
 
 // propMsg is one message of a scenario and its fate as planned.
@@ -91,8 +95,8 @@ func (sc *propScenario) String() string {
 	if sc.holdChains {
 		hold += "+chains"
 	}
-	return fmt.Sprintf("seed=%d hold=%s chain=%d %v %s laneKey=%v fair=%v throttle=%v stalls=%v restart=%v workers=%d maxOutstanding=%d msgs=%d",
-		sc.seed, hold, sc.chain, sc.ordering, mode, sc.laneKey, sc.fair, sc.throttle, sc.stalls, sc.restart, sc.workers, sc.maxOut, len(sc.msgs))
+	return fmt.Sprintf("seed=%d hold=%s chain=%d %v %v %s laneKey=%v fair=%v throttle=%v stalls=%v restart=%v workers=%d maxOutstanding=%d msgs=%d",
+		sc.seed, hold, sc.chain, sc.assign, sc.ordering, mode, sc.laneKey, sc.fair, sc.throttle, sc.stalls, sc.restart, sc.workers, sc.maxOut, len(sc.msgs))
 }
 
 func drawScenario(seed uint64) *propScenario {
@@ -110,6 +114,10 @@ func drawScenario(seed uint64) *propScenario {
 	// Drawn from a stream of its own, so every other draw of a seed stays
 	// what it was before this dimension existed.
 	sc.holdChains = sc.hold == memory.Native && rand.New(rand.NewPCG(seed, 0x686f6c64)).IntN(2) == 0
+	sc.assign = lanes.ByKey
+	if rand.New(rand.NewPCG(seed, 0x61737369676e)).IntN(2) == 0 {
+		sc.assign = lanes.Shared
+	}
 	if r.IntN(2) == 0 {
 		sc.batch = &subscribe.BatchConfig{MaxSize: 1 + r.IntN(4), MaxWait: time.Duration(1+r.IntN(50)) * time.Millisecond}
 	}
@@ -440,7 +448,7 @@ func runScenario(t *testing.T, sc *propScenario) {
 
 	cfg := func() *subscribe.Config {
 		c := &subscribe.Config{
-			Workers: sc.workers, MaxOutstanding: sc.maxOut, Logger: quiet, Batch: sc.batch,
+			Workers: sc.workers, Assign: sc.assign, MaxOutstanding: sc.maxOut, Logger: quiet, Batch: sc.batch,
 			Retry: policy.Retry{MaxAttempts: propMaxAttempts, MinBackoff: time.Second, MaxBackoff: 5 * time.Second},
 		}
 		if sc.laneKey {

@@ -44,8 +44,7 @@ const (
 // *SubscriptionOptions means defaults.
 type SubscriptionOptions struct {
 	// Ordering is the keyorder policy, enforced in process. Defaults to
-	// policy.Parallel (zero) for typed use; the URL opener defaults to
-	// policy.Ordered.
+	// policy.Ordered (the zero value), as in URLs.
 	Ordering policy.Ordering
 	// Lease is how long a handed-out record stays leased without
 	// ExtendLeases before the driver deems the process stuck and leaves

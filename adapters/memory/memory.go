@@ -96,9 +96,8 @@ const (
 
 // SubscriptionOptions configures a subscription at creation.
 type SubscriptionOptions struct {
-	// Ordering is the delivery policy. Defaults to policy.Parallel (zero)
-	// for typed use, as on every backend; the URL opener defaults to
-	// policy.Ordered.
+	// Ordering is the delivery policy. Defaults to policy.Ordered (the zero
+	// value), as on every backend and in URLs.
 	Ordering policy.Ordering
 	// Hold selects the broker's shape. Defaults to Native.
 	Hold Hold

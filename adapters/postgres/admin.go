@@ -109,7 +109,7 @@ func (s *store) createSubscription(ctx context.Context, topic, name string, opts
 	_, err = s.pool.Exec(ctx, s.sql(`
 		INSERT INTO {{schema}}.subscriptions (topic_id, name, ordering, max_attempts, min_backoff, max_backoff, compact)
 		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (topic_id, name) DO NOTHING`),
-		tid, name, int16(o.Ordering), o.MaxAttempts, o.MinBackoff, o.MaxBackoff, o.Compaction)
+		tid, name, storedOrdering(o.Ordering), o.MaxAttempts, o.MinBackoff, o.MaxBackoff, o.Compaction)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: create subscription %q of %q: %w", name, topic, err)
 	}
@@ -147,6 +147,42 @@ func (s *store) ensureCompactIndex(ctx context.Context, info *subInfo) error {
 	return err
 }
 
+// The subscriptions table stores a subscription's ordering as a number
+// the SQL reads (0 parallel, 1 exclusive, 2 ordered; migration 003 and
+// sqlReady's conditions), independent of policy.Ordering's constants.
+const (
+	dbParallel  int16 = 0
+	dbExclusive int16 = 1
+	dbOrdered   int16 = 2
+)
+
+// storedOrdering is o as the subscriptions table stores it. o is valid
+// (SubscriptionOptions.validate).
+func storedOrdering(o policy.Ordering) int16 {
+	switch o {
+	case policy.Parallel:
+		return dbParallel
+	case policy.Exclusive:
+		return dbExclusive
+	}
+	return dbOrdered
+}
+
+// orderingOf is the ordering the subscriptions table stores as n; an
+// unknown number reads as an invalid policy.Ordering, which validation
+// refuses.
+func orderingOf(n int16) policy.Ordering {
+	switch n {
+	case dbParallel:
+		return policy.Parallel
+	case dbExclusive:
+		return policy.Exclusive
+	case dbOrdered:
+		return policy.Ordered
+	}
+	return policy.Ordering(-1)
+}
+
 // subInfo is a subscription's row.
 type subInfo struct {
 	id, topicID int32
@@ -169,7 +205,7 @@ func (s *store) subscription(ctx context.Context, topic, name string) (*subInfo,
 	if err != nil {
 		return nil, fmt.Errorf("postgres: subscription %q of topic %q: %w", name, topic, err)
 	}
-	info.opts.Ordering = policy.Ordering(ordering)
+	info.opts.Ordering = orderingOf(ordering)
 	return info, nil
 }
 

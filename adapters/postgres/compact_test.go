@@ -539,11 +539,11 @@ func TestCompactParallelIndex(t *testing.T) {
 		return n
 	}
 	for _, name := range []string{"p1", "p2"} {
-		if err := e.admin.CreateSubscription(ctx, "t", name, &postgres.SubscriptionOptions{Compaction: true}); err != nil {
+		if err := e.admin.CreateSubscription(ctx, "t", name, &postgres.SubscriptionOptions{Ordering: policy.Parallel, Compaction: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := e.admin.CreateSubscription(ctx, "t", "p1", &postgres.SubscriptionOptions{Compaction: true}); err != nil {
+	if err := e.admin.CreateSubscription(ctx, "t", "p1", &postgres.SubscriptionOptions{Ordering: policy.Parallel, Compaction: true}); err != nil {
 		t.Fatal(err) // reopening finds the index
 	}
 	if err := e.admin.CreateSubscription(ctx, "t", "x", &postgres.SubscriptionOptions{Ordering: policy.Exclusive, Compaction: true}); err != nil {

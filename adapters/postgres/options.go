@@ -86,8 +86,8 @@ type Options struct {
 // created. A nil *SubscriptionOptions means the defaults.
 type SubscriptionOptions struct {
 	// Ordering is the subscription's delivery policy. Defaults to
-	// policy.Parallel (the zero value) for typed use, as on every backend;
-	// the URL opener defaults to policy.Ordered (URL: ordering).
+	// policy.Ordered (the zero value), as on every backend and in URLs
+	// (URL: ordering).
 	Ordering policy.Ordering
 	// MaxAttempts, MinBackoff and MaxBackoff are the retry settings kept
 	// with the subscription; every consumer runs them (the driver reports

@@ -223,8 +223,8 @@ type TopicOptions struct {
 // when it is created. A nil *SubscriptionOptions means defaults.
 type SubscriptionOptions struct {
 	// Ordering is the keyorder policy. When the subscription exists it must
-	// match the policy recorded at creation. Defaults to policy.Parallel
-	// (zero) for typed use; the URL opener defaults to policy.Ordered.
+	// match the policy recorded at creation. Defaults to policy.Ordered (the
+	// zero value), as in URLs.
 	Ordering policy.Ordering
 	// AckDeadline is the subscription's ack deadline, the lease of a
 	// received message until it is extended. Used at creation; an existing

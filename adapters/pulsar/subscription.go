@@ -24,8 +24,7 @@ import (
 type SubscriptionOptions struct {
 	// Ordering is the keyorder policy: Exclusive and Ordered consume a
 	// Key_Shared subscription, Parallel a Shared one. Defaults to
-	// policy.Parallel (zero) for typed use; the URL opener defaults to
-	// policy.Ordered.
+	// policy.Ordered (the zero value), as in URLs.
 	Ordering policy.Ordering
 	// StickyHashRanges, when set, makes the Key_Shared consumer sticky to
 	// these hash ranges (pairs of inclusive start and end in [0, 65535])

@@ -313,8 +313,7 @@ const (
 // created. A nil *Options means defaults.
 type Options struct {
 	// Ordering is the keyorder policy. When the queue exists its tag must
-	// match. Defaults to policy.Parallel (zero) for typed use; the URL
-	// opener defaults to policy.Ordered.
+	// match. Defaults to policy.Ordered (the zero value), as in URLs.
 	Ordering policy.Ordering
 	// Visibility is the lease of a received message (the VisibilityTimeout
 	// of each ReceiveMessage call, and the queue's default when created).

@@ -31,7 +31,7 @@ func run(ctx context.Context) error {
 	// after it exists.
 	sub, err := subscribe.Open(ctx,
 		"mem://ledger.adjustments?subscription=apply-balance&ordering=ordered",
-		&subscribe.Config{Workers: 8}) // keyed lanes: one key stays on one lane
+		&subscribe.Config{Workers: 8}) // a key runs one message at a time, in order
 	if err != nil {
 		return err
 	}

@@ -105,8 +105,8 @@ func kafkaBackend(context.Context) (*backend, error) {
 		title: "Kafka (KRaft broker)",
 		note: fmt.Sprintf("Topics of %d partitions. Raw: franz-go, Produce of every record then Flush (idempotent producer, 10ms linger), "+
 			"one group member polling and handling each record in its poll loop, autocommit. "+
-			"keyorder: a producer without linger; Ordered, 64 keyed lanes over the same partitions, offsets committed per partition "+
-			"with the completed ones above in the commit metadata.", kafkaPartitions),
+			"keyorder: a producer without linger; Ordered, %s over the same partitions, offsets committed per partition "+
+			"with the completed ones above in the commit metadata.", kafkaPartitions, lanesNote(64)),
 		systems: append([]system{{name: "raw franz-go", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) {
 				if err := create(ctx, id); err != nil {

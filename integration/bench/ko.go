@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -131,11 +132,33 @@ func (e *koEndpoint) publish(ctx context.Context, w *workload) error {
 	return <-errs
 }
 
+// lanesNote describes keyorder's workers for a table's note: n (or
+// -workers) workers of the -assign assignment, the subscriber's default
+// (lanes.Shared) when not given.
+func lanesNote(n int) string {
+	if koWorkers > 0 {
+		n = koWorkers
+	}
+	if koAssign == "bykey" {
+		return fmt.Sprintf("%d keyed lanes (lanes.ByKey)", n)
+	}
+	return fmt.Sprintf("%d workers on one shared lane (lanes.Shared, the default)", n)
+}
+
 func (e *koEndpoint) consume(ctx context.Context, chk *orderCheck) error {
 	sc := e.t.subscribe
 	sc.Logger = quiet()
 	if koWorkers > 0 {
 		sc.Workers = koWorkers
+	}
+	switch koAssign {
+	case "":
+	case "bykey":
+		sc.Assign = lanes.ByKey
+	case "shared":
+		sc.Assign = lanes.Shared
+	default:
+		return fmt.Errorf("-assign %q: want bykey or shared", koAssign)
 	}
 	s, err := e.d.openSub(ctx, &sc)
 	if err != nil {

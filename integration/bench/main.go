@@ -81,11 +81,13 @@ import (
 )
 
 // options are the side-by-side runs' settings.
-// handlerWork (-work) is the handler time per message, and koWorkers
-// (-workers) overrides keyorder's Workers; set once from the flags.
+// handlerWork (-work) is the handler time per message, koWorkers
+// (-workers) overrides keyorder's Workers and koAssign (-assign) its lane
+// assignment; set once from the flags.
 var (
 	handlerWork time.Duration
 	koWorkers   int
+	koAssign    string
 )
 
 type options struct {
@@ -134,6 +136,7 @@ func main() {
 	flag.BoolVar(&o.quick, "quick", false, "short mode: 2,000 messages, 200 keys")
 	flag.DurationVar(&handlerWork, "work", 0, "kafka: handler time per message on both sides (keyorder's handler; the raw consumer then runs one goroutine per partition, franz-go's own example shape)")
 	flag.IntVar(&koWorkers, "workers", 0, "keyorder's subscribe Workers (0: each backend's setting)")
+	flag.StringVar(&koAssign, "assign", "", "keyorder's subscribe Assign: bykey or shared (empty: the subscriber's default)")
 	flag.StringVar(&docs, "docs", "", "write this file (docs/benchmarks.md) from the tables in -results and exit; runs no benchmark")
 	flag.StringVar(&resDir, "results", "integration/bench/results", "-docs: the directory of the results tables")
 	// The PostgreSQL suite's own settings.

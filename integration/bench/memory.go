@@ -39,7 +39,7 @@ func memoryBackend(context.Context) (*backend, error) {
 		name:  "memory",
 		title: "memory (in process)",
 		note: "Raw: a buffered channel, one producer, 8 consumer goroutines. " +
-			"keyorder: the memory broker, Ordered, 8 keyed lanes, 1,000 outstanding.",
+			"keyorder: the memory broker, Ordered, " + lanesNote(8) + ", 1,000 outstanding.",
 		systems: append([]system{{name: "raw channel", ref: true, open: openChan}}, koSystems(f, t)...),
 		close:   func() {},
 	}, nil

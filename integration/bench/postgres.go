@@ -77,8 +77,8 @@ func postgresBackend(ctx context.Context) (*backend, error) {
 		title: "PostgreSQL",
 		note: fmt.Sprintf("Raw: pgx on a plain table (id, key, payload): COPY of %d rows per call from one goroutine; "+
 			"%d goroutines each claiming %d rows with DELETE … FOR UPDATE SKIP LOCKED RETURNING (no order by key). "+
-			"keyorder: Ordered, 64 keyed lanes, %d outstanding, claims of up to %d. "+
-			"River and watermill-sql: see -backend pgsuite.", pgBatch, pgConsumers, pgBatch, 2*pgBatch, pgBatch),
+			"keyorder: Ordered, %s, %d outstanding, claims of up to %d. "+
+			"River and watermill-sql: see -backend pgsuite.", pgBatch, pgConsumers, pgBatch, lanesNote(64), 2*pgBatch, pgBatch),
 		systems: append([]system{{name: "raw pgx table", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) { return openPGRaw(ctx, pool, schema, id) }}},
 			koSystems(f, t)...),

@@ -58,7 +58,7 @@ func pubsubBackend(ctx context.Context) (*backend, error) {
 		title: "Pub/Sub (Google's emulator)",
 		note: "Raw: the Pub/Sub v2 client, a publisher with message ordering (default batching), " +
 			"Receive on a subscription with message ordering enabled (default flow control: 1,000 outstanding), acking each. " +
-			"keyorder: Ordered, explicit-ack pull, 64 keyed lanes, 1,000 outstanding.",
+			"keyorder: Ordered, explicit-ack pull, " + lanesNote(64) + ", 1,000 outstanding.",
 		systems: append([]system{{name: "raw Pub/Sub client", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) { return openPubSubRaw(ctx, client, id) }}},
 			koSystems(f, t)...),

@@ -70,7 +70,7 @@ func pulsarBackend(context.Context) (*backend, error) {
 		name:  "pulsar",
 		title: "Pulsar (standalone broker)",
 		note: fmt.Sprintf("Raw: pulsar-client-go, SendAsync with key-based batching (delay %v), one Key_Shared consumer acking each message. "+
-			"keyorder: Ordered (Key_Shared), 64 keyed lanes; both with a receiver queue of %d.", pulsarDelay, pulsarQueue),
+			"keyorder: Ordered (Key_Shared), %s; both with a receiver queue of %d.", pulsarDelay, lanesNote(64), pulsarQueue),
 		systems: append([]system{{name: "raw pulsar-client-go", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) { return openPulsarRaw(ctx, client, id) }}},
 			koSystems(f, t)...),

@@ -94,9 +94,9 @@ func sqsBackend(context.Context) (*backend, error) {
 		title: "SQS FIFO (ElasticMQ)",
 		note: fmt.Sprintf("Raw: aws-sdk-go-v2, payloads base64-encoded as keyorder sends a binary payload, SendMessageBatch of up to 10 messages of one group per call from %d goroutines (each owning a share of the groups), "+
 			"%d goroutines calling ReceiveMessage (10, long poll 1s) and DeleteMessageBatch. "+
-			"keyorder: Ordered, 64 keyed lanes; PublishBatch from %d goroutines. The consumer receives up to 10 per ReceiveMessage call, chains of a group included, "+
+			"keyorder: Ordered, %s; PublishBatch from %d goroutines. The consumer receives up to 10 per ReceiveMessage call, chains of a group included, "+
 			"and holds a chain whose member failed in process (the default, safe with any number of consuming processes); the OldestFirst row "+
-			"also asks for 10 and hands out the oldest group heads first, putting back the surplus (one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, sqsSenders),
+			"also asks for 10 and hands out the oldest group heads first, putting back the surplus (one consuming process: see the sqs package documentation).", sqsSenders, sqsReceivers, lanesNote(64), sqsSenders),
 		systems: append(rawSystems(client),
 			append(koSystems(factory(opts), t), oldestFirstSystems(factory, opts, t)...)...),
 		close: func() {},
