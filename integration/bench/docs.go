@@ -37,7 +37,7 @@ var docSections = []docSection{
 	{name: "pubsub", title: "Pub/Sub (Google's emulator): raw client vs keyorder",
 		command: "go run ./integration/cmd/testenv run --only pubsub -- go run ./integration/bench -backend pubsub -out integration/bench/results"},
 	{name: "sqs", title: "SQS FIFO (ElasticMQ): raw client vs keyorder",
-		command: "go run ./integration/cmd/testenv run --only sqs -- go run ./integration/bench -backend sqs -out integration/bench/results"},
+		command: "go run ./integration/cmd/testenv run --only sqs -- go run ./integration/bench -backend sqs -raw-attrs -raw-ko-receive -out integration/bench/results"},
 	{name: "pulsar", title: "Pulsar (standalone broker): raw client vs keyorder",
 		command: "go run ./integration/cmd/testenv run --only pulsar -- go run ./integration/bench -backend pulsar -out integration/bench/results"},
 	{name: "kafka", title: "Kafka (KRaft broker, 8 partitions): raw franz-go vs keyorder",
