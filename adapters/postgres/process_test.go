@@ -241,7 +241,7 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 func TestProcessKilledMidHandler(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	e.sub("t", "s", 2 /* Ordered */, nil)
+	e.sub("t", "s", policy.Ordered, nil)
 	var ms []*driver.Message
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
@@ -254,7 +254,7 @@ func TestProcessKilledMidHandler(t *testing.T) {
 	})
 	h.kill()
 	// Everything before a3 was acknowledged by the dead process.
-	s := e.sub("t", "s", 2, nil)
+	s := e.sub("t", "s", policy.Ordered, nil)
 	ctx := ctxT(t, 30*time.Second)
 	killed := time.Now()
 	got := receiveN(t, ctx, s, 4)
@@ -279,7 +279,7 @@ func TestProcessKilledMidHandler(t *testing.T) {
 func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", &postgres.Options{NotifyDebounce: 2 * time.Millisecond})
-	e.sub("t", "s", 2 /* Ordered */, nil)
+	e.sub("t", "s", policy.Ordered, nil)
 	const keys, perKey = 50, 40
 	hs := []*helper{
 		startHelper(t, e, "t", 5*time.Second, 0.05, ""),
@@ -366,7 +366,7 @@ func TestTwoProcessesOrderedUnderLoad(t *testing.T) {
 func TestProcessKilledHoldingChain(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	e.sub("t", "s", 2 /* Ordered */, nil)
+	e.sub("t", "s", policy.Ordered, nil)
 	var ms []*driver.Message
 	for i := 1; i <= 6; i++ {
 		ms = append(ms, msg("A", fmt.Sprintf("a%d", i)))
@@ -380,7 +380,7 @@ func TestProcessKilledHoldingChain(t *testing.T) {
 	// The helper claimed the whole chain in one receive: a4..a6 were
 	// claimed behind a3 and never started.
 	h.kill()
-	s := e.sub("t", "s", 2, nil)
+	s := e.sub("t", "s", policy.Ordered, nil)
 	ctx := ctxT(t, 30*time.Second)
 	got := receiveN(t, ctx, s, 4)
 	var attempts []string
