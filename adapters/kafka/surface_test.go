@@ -377,22 +377,11 @@ func TestDeadLettersAfterRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close(context.Background())
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error { return keyorder.Permanent(errors.New("no")) })
-	}()
-	for {
-		if dls, err := sub.DeadLetters(ctx, 0); err == nil && len(dls) == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("not dead-lettered")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	dls, stop := deadLetterAll(ctx, sub, "no")
 	stop()
-	<-done
+	if len(dls) != 1 {
+		t.Fatalf("dead letters %d, want 1", len(dls))
+	}
 	dead := kafka.DeadLetterTopic(name, group)
 	ends, err := adm.ListEndOffsets(ctx, dead)
 	if err != nil {
@@ -405,7 +394,7 @@ func TestDeadLettersAfterRetention(t *testing.T) {
 	}
 	lctx, lcancel := context.WithTimeout(ctx, 15*time.Second)
 	defer lcancel()
-	dls, err := sub.DeadLetters(lctx, 0)
+	dls, err = sub.DeadLetters(lctx, 0)
 	if err != nil || len(dls) != 0 {
 		t.Errorf("dead letters after retention deleted them: %d, %v; want none and no error", len(dls), err)
 	}
@@ -433,21 +422,8 @@ func TestDeadLetterForeignRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close(context.Background())
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error { return keyorder.Permanent(errors.New("cannot apply")) })
-	}()
-	defer func() { stop(); <-done }()
-	lctx, lcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer lcancel()
-	var dls []keyorder.DeadLetter
-	for lctx.Err() == nil {
-		if dls, err = sub.DeadLetters(lctx, 0); err == nil && len(dls) > 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	dls, stop := deadLetterAll(ctx, sub, "cannot apply")
+	defer stop()
 	if len(dls) != 1 || string(dls[0].Message.Payload) != "foreign" || dls[0].Message.Headers["trace"] != big ||
 		!strings.Contains(dls[0].Reason, "cannot apply") {
 		st, _ := sub.Stats(ctx)
@@ -491,25 +467,30 @@ func TestLimitsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close(context.Background())
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error {
-			return keyorder.Permanent(errors.New(strings.Repeat("r", 10000)))
-		})
-	}()
-	defer func() { stop(); <-done }()
-	lctx, lcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer lcancel()
-	var dls []keyorder.DeadLetter
-	for lctx.Err() == nil {
-		if dls, err = sub.DeadLetters(lctx, 0); err == nil && len(dls) > 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	dls, stop := deadLetterAll(ctx, sub, strings.Repeat("r", 10000))
+	defer stop()
 	if len(dls) != 1 || len(dls[0].Message.Payload) != len(payload) || len(dls[0].Message.Key) != l.MaxKeyBytes {
 		st, _ := sub.Stats(ctx)
 		t.Fatalf("dead letters %d (settle failures %d), want the message at every limit", len(dls), st.SettleFailures)
 	}
+}
+
+// deadLetterAll runs sub with a handler that fails every message
+// permanently with reason until DeadLetters lists at least one (or ctx
+// ends), and returns what it listed and the function that stops Run.
+func deadLetterAll(ctx context.Context, sub *subscribe.Subscriber, reason string) ([]keyorder.DeadLetter, func()) {
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Run(rctx, func(context.Context, *keyorder.Delivery) error { return keyorder.Permanent(errors.New(reason)) })
+	}()
+	var dls []keyorder.DeadLetter
+	for ctx.Err() == nil {
+		var err error
+		if dls, err = sub.DeadLetters(ctx, 0); err == nil && len(dls) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return dls, func() { stop(); <-done }
 }
