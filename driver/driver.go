@@ -284,3 +284,55 @@ type Namer interface {
 	// Name returns the subscription's name as the application gave it.
 	Name() string
 }
+
+// Returned is a message that ran and failed in this process and waits for
+// a retry the portable layer holds in process (a broker without
+// Capabilities.NativeHold, or a chain member under HoldChains) when the
+// subscriber stops gracefully. It is handed to Returner.Return instead of
+// Release, so that the attempts it used and its remaining retry delay are
+// not forgotten by a rolling deploy.
+type Returned struct {
+	// Message is the message as Receive returned it.
+	Message *Message
+	// Attempts is how many attempts the message has used, this process's
+	// runs included: its next delivery should carry Attempt = Attempts+1.
+	Attempts int
+	// NotBefore is when its retry is due; zero means at once.
+	NotBefore time.Time
+}
+
+// Returner is implemented by Subscription drivers whose broker can carry a
+// message's used attempts and remaining retry delay when the message is
+// given back unsettled: the PostgreSQL row's counters, SQS's receive count
+// and visibility, a Pub/Sub ack deadline, a Pulsar redelivery count, the
+// Kafka commit metadata. At a graceful stop the portable layer calls Return
+// for the messages that ran and wait for an in-process retry, and Release
+// for the messages that never ran. A driver that cannot carry one of the
+// two (say, the delay) carries what it can and documents the rest; without
+// Returner those messages go through Release and both are lost, which the
+// backend's guarantee table states.
+type Returner interface {
+	// Return gives rs back to the broker, each to be delivered again not
+	// before its NotBefore and counted as its Attempts; messages of one key
+	// come in key order.
+	Return(ctx context.Context, rs []Returned) error
+}
+
+// Revocable is implemented by Subscription drivers whose broker can move
+// messages it handed to this process to another process while they are
+// unsettled (a Kafka partition revoked in a rebalance). It lets the driver
+// take them back synchronously, so that a message waiting in the process
+// (a parked retry, a throttled message, messages behind a held key) never
+// starts here after the broker gave it to someone else.
+type Revocable interface {
+	// SetRevoke is called by the portable layer once, before its first
+	// Receive, with the function the driver calls from its revocation
+	// path. revoke selects the revoked messages with the predicate. When
+	// it returns, no selected message that had not started will start in
+	// this process (they are forgotten: never run, never settled, no
+	// longer renewed) and every selected message that was running has
+	// ended, or ctx has ended first; it returns the selected messages that
+	// were still running then. The driver must not call revoke from
+	// inside a call the portable layer made to it.
+	SetRevoke(revoke func(ctx context.Context, selected func(*Message) bool) (stillRunning []*Message))
+}
