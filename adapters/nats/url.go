@@ -1,0 +1,166 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/policy"
+)
+
+var urlParams = []string{"subscription", "ordering", "lease", "max_batch", "max_pending", "create", "partitions"}
+
+// URLOpener opens nats:// URLs (see the package documentation).
+type URLOpener struct{}
+
+func init() {
+	driver.RegisterParams(Scheme, driver.Params{Names: urlParams})
+	driver.DefaultMux().RegisterTopic(Scheme, &URLOpener{})
+	driver.DefaultMux().RegisterSubscription(Scheme, &URLOpener{})
+}
+
+type parsed struct {
+	server     string
+	stream     string
+	sub        string
+	subO       SubscriptionOptions
+	create     bool
+	partitions int
+}
+
+func parseURL(u *url.URL, forSub bool) (*parsed, error) {
+	if u.User != nil {
+		return nil, driver.BadParam(u, "userinfo", "credentials in the URL are not supported; use the typed constructors with a connection of your own")
+	}
+	if u.Host == "" {
+		return nil, driver.BadParam(u, "host", "missing server (nats://host:4222/STREAM)")
+	}
+	p := &parsed{server: "nats://" + u.Host}
+	p.stream = u.Path
+	if len(p.stream) > 0 && p.stream[0] == '/' {
+		p.stream = p.stream[1:]
+	}
+	if !validName.MatchString(p.stream) {
+		return nil, driver.BadParam(u, "path", "want /STREAM (letters, digits, '_' or '-')")
+	}
+	ps, err := driver.Query(u)
+	if err != nil {
+		return nil, err
+	}
+	for _, pv := range ps {
+		name, v := pv.Name, pv.Value
+		var perr error
+		positive := func() int {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				perr = errors.New("want a positive integer")
+			}
+			return n
+		}
+		switch name {
+		case "subscription":
+			p.sub = v
+			if !validName.MatchString(v) {
+				perr = errors.New("want letters, digits, '_' or '-'")
+			}
+		case "ordering":
+			p.subO.Ordering, perr = policy.ParseOrdering(v)
+		case "lease":
+			p.subO.Lease, perr = time.ParseDuration(v)
+			if perr == nil && p.subO.Lease < time.Second {
+				perr = errors.New("want a duration of at least 1s")
+			}
+		case "max_batch":
+			p.subO.MaxBatch = positive()
+		case "max_pending":
+			p.subO.MaxPending = positive()
+		case "create":
+			p.create, perr = strconv.ParseBool(v)
+		case "partitions":
+			p.partitions = positive()
+			if perr == nil && p.partitions > 4096 {
+				perr = errors.New("want at most 4096")
+			}
+		}
+		if perr != nil {
+			return nil, driver.BadParam(u, name, perr.Error())
+		}
+	}
+	if forSub && p.sub == "" {
+		return nil, driver.BadParam(u, "subscription", "required to subscribe")
+	}
+	return p, nil
+}
+
+func (p *parsed) connect(ctx context.Context) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(p.server, nats.Name("keyorder"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats: connect %s: %w", p.server, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("nats: jetstream: %w", err)
+	}
+	if p.create {
+		if _, err := EnsureStream(ctx, js, p.stream, p.partitions); err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+	}
+	return nc, js, nil
+}
+
+// OpenTopicURL opens nats://host:port/STREAM for publishing.
+func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic, error) {
+	p, err := parseURL(u, false)
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := p.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := openTopic(ctx, js, p.stream, nil)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	t.ownConn = nc
+	return t, nil
+}
+
+// OpenSubscriptionURL opens nats://host:port/STREAM?subscription=s.
+func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver.Subscription, error) {
+	p, err := parseURL(u, true)
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := p.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s, err := openSubscription(ctx, js, p.stream, p.sub, &p.subO)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	s.ownConn = true
+	return s, nil
+}
+
+// ErrorCode classifies the opener's errors.
+func (o *URLOpener) ErrorCode(err error) keyorder.ErrorCode {
+	if errors.Is(err, keyorder.ErrInvalidConfig) {
+		return keyorder.CodeInvalidArgument
+	}
+	return errorCode(err)
+}
