@@ -31,13 +31,22 @@ import (
 // must stay cancelled, so a later attempt gets a new one.
 type attemptCtx struct {
 	parent context.Context
+	// begun is when the attempt started, as time since Subscriber.born
+	// (set before the handler runs; read by Close's report of handlers
+	// still running).
+	begun time.Duration
 
 	ready atomic.Bool     // real is set; read it without mu
-	mu    sync.Mutex      // guards the fields below while !ready
+	ended bool            // cancel was called; guarded by mu
+	mu    sync.Mutex      // guards the fields below (and ended) while !ready
 	real  context.Context // the WithCancel context, once built
 	stop  context.CancelFunc
-	ended bool // cancel was called
 }
+
+// handlerKey is the context key under which an attempt's context answers
+// with itself, so that Close can tell a call from inside a handler (its
+// ctx derived from the handler's) from any other.
+type handlerKey struct{}
 
 func (c *attemptCtx) ctx() context.Context {
 	if c.ready.Load() {
@@ -84,5 +93,13 @@ func (c *attemptCtx) end() (cancelled bool) {
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 func (c *attemptCtx) Done() <-chan struct{}       { return c.ctx().Done() }
 func (c *attemptCtx) Err() error                  { return c.ctx().Err() }
-func (c *attemptCtx) Value(key any) any           { return c.ctx().Value(key) }
-func (c *attemptCtx) String() string              { return fmt.Sprint(c.ctx()) }
+
+// Value answers handlerKey with c itself, without building the real
+// context, and every other key from the real context.
+func (c *attemptCtx) Value(key any) any {
+	if _, ok := key.(handlerKey); ok {
+		return c
+	}
+	return c.ctx().Value(key)
+}
+func (c *attemptCtx) String() string { return fmt.Sprint(c.ctx()) }

@@ -21,11 +21,11 @@ type item struct {
 	attempt int
 	chain   *chain
 	seq     uint64 // receive order
-	lost    atomic.Bool
 	// key is the in-process group (lane key): the broker's key, refined
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string
 
+	lost atomic.Bool // beside the flags below: no padding between them
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
