@@ -396,21 +396,14 @@ func (s *Subscriber) Close(ctx context.Context) error {
 // calledFromHandler reports whether ctx is (or derives from) the context
 // of a handler attempt of this Subscriber that is running now.
 func (s *Subscriber) calledFromHandler(ctx context.Context) bool {
-	ac, _ := ctx.Value(handlerKey{}).(*attemptCtx)
-	if ac == nil {
+	a, _ := ctx.Value(driver.AttemptKey).(*attempt)
+	if a == nil {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for it := s.outstanding.head; it != nil; it = it.nextO {
-		it.mu.Lock()
-		mine := it.hctx == ac
-		it.mu.Unlock()
-		if mine {
-			return true
-		}
-	}
-	return false
+	c := (*attemptCtx)(a)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sub == s && len(c.members()) > 0
 }
 
 // abandon is Run giving up on the handlers still running when Close's
