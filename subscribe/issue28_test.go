@@ -259,6 +259,7 @@ func TestCloseFromHandler(t *testing.T) {
 				}()
 				w.publish(t, "m1", "k")
 				w.publish(t, "fatal", "k")
+				time.Sleep(time.Second) // the shutdown's polls (drain) see it done
 				synctest.Wait()
 				select {
 				case err := <-closeErr:
