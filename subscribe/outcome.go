@@ -112,6 +112,7 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		hctx = new(attemptCtx)
 	}
 	hctx.parent = ctx
+	hctx.begin(s, run)
 	for _, it := range run {
 		it.mu.Lock()
 		it.hctx = hctx
@@ -150,6 +151,13 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		i = len(run)
 	}
 	for k, it := range run[:i] {
+		if it.fenced.Load() {
+			// The driver refused its settlement in the handler (the
+			// lease was lost): whoever holds it now settles it.
+			observed(ends[k], OutcomeLeaseLost, nil)
+			s.drop(it)
+			continue
+		}
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
@@ -374,6 +382,7 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 		d = new(keyorder.Delivery)
 	}
 	it.called = true
+	it.dp = d
 	*d = keyorder.Delivery{
 		Message: keyorder.Message{
 			ID: m.ID, Key: m.Key, Payload: payload, Headers: headers, NotBefore: m.NotBefore,

@@ -22,6 +22,10 @@ type item struct {
 	chain   *chain
 	seq     uint64 // receive order
 	lost    atomic.Bool
+	// fenced: the driver found its lease lost while the handler ran
+	// (driver.Attempt.LeaseLost): it is not settled even if the handler
+	// succeeds, since another consumer may hold it now.
+	fenced atomic.Bool
 	// key is the in-process group (lane key): the broker's key, refined
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string
@@ -56,6 +60,9 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// dp is the Delivery of the attempt running (or last run): how
+	// driver.Attempt.Message finds the member of a Delivery.
+	dp *keyorder.Delivery
 	// first is the payload of the first attempt, copied at receive where
 	// each attempt gets its own copy (see Subscriber.delivery); taken by
 	// that attempt.
