@@ -18,6 +18,9 @@ import (
 
 var urlParams = []string{"subscription", "ordering", "lease", "max_batch", "max_pending", "create", "partitions"}
 
+// subOnly are the parameters a topic URL may not carry.
+var subOnly = map[string]bool{"subscription": true, "ordering": true, "lease": true, "max_batch": true, "max_pending": true}
+
 // URLOpener opens nats:// URLs (see the package documentation).
 type URLOpener struct{}
 
@@ -57,6 +60,9 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 	}
 	for _, pv := range ps {
 		name, v := pv.Name, pv.Value
+		if !forSub && subOnly[name] {
+			return nil, driver.BadParam(u, name, "a subscription parameter on a topic URL")
+		}
 		var perr error
 		positive := func() int {
 			n, err := strconv.Atoi(v)

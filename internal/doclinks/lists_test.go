@@ -55,7 +55,7 @@ type notList struct {
 var notLists = []notList{
 	{"README.md", "creates its subscription on `mem://`, Pub/Sub and Pulsar", "the backends that create a subscription on open; the sentence goes on with PostgreSQL and SQS"},
 	{"README.md", "-backend pulsar -rpcs", "benchmark rows name the backends they measured"},
-	{"cmd/keyorder/held.go", "Pub/Sub, Pulsar and Kafka hold keys", "the backends that hold keys in process"},
+	{"cmd/keyorder/held.go", "Pub/Sub, Pulsar, Kafka and NATS hold keys", "the backends that hold keys in process"},
 	{"cmd/keyorder/stats.go", "What each backend reports today: PostgreSQL every field.", "per-backend detail: PostgreSQL first, then the rest"},
 	{"docs/benchmarks.md", "SQS consume, Pub/Sub and Pulsar publish and Kafka", "the rows measured before the tables were rerun"},
 	{"docs/operations.md", "Where the process holds keys (Pub/Sub, Pulsar, Kafka, and", "the backends that hold keys in process"},
