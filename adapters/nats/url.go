@@ -18,6 +18,10 @@ import (
 
 var urlParams = []string{"subscription", "ordering", "lease", "max_batch", "max_pending", "create", "partitions"}
 
+// connectBound bounds the URL opener's connection attempts when the
+// context has none.
+const connectBound = 30 * time.Second
+
 // subOnly are the parameters a topic URL may not carry.
 var subOnly = map[string]bool{"subscription": true, "ordering": true, "lease": true, "max_batch": true, "max_pending": true}
 
@@ -107,9 +111,48 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 }
 
 func (p *parsed) connect(ctx context.Context) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(p.server, nats.Name("keyorder"))
-	if err != nil {
-		return nil, nil, fmt.Errorf("nats: connect %s: %w", p.server, err)
+	// nats.Connect takes no context: it runs beside the wait for ctx, and a
+	// connection that arrives after ctx ended is closed.
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	// A server that is not there yet is retried until ctx ends, or for
+	// connectBound when ctx has no deadline.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, connectBound)
+		defer cancel()
+	}
+	var nc *nats.Conn
+	for nc == nil {
+		go func() {
+			nc, err := nats.Connect(p.server, nats.Name("keyorder"))
+			ch <- result{nc, err}
+		}()
+		select {
+		case r := <-ch:
+			if r.err == nil {
+				nc = r.nc
+				continue
+			}
+			if !errors.Is(r.err, nats.ErrNoServers) {
+				return nil, nil, fmt.Errorf("nats: connect %s: %w", p.server, r.err)
+			}
+			select {
+			case <-time.After(250 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, nil, fmt.Errorf("nats: connect %s: %w (last: %v)", p.server, ctx.Err(), r.err)
+			}
+		case <-ctx.Done():
+			go func() {
+				if r := <-ch; r.nc != nil {
+					r.nc.Close()
+				}
+			}()
+			return nil, nil, fmt.Errorf("nats: connect %s: %w", p.server, ctx.Err())
+		}
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
