@@ -389,3 +389,166 @@ func TestLostLeaseAloneHoldsLaterMessagesOfItsKey(t *testing.T) {
 		})
 	}
 }
+
+// crashHolding makes n consumers in a row receive the subscription's next
+// message and die without running it (their leases expire), as processes
+// killed while the message waited in them would.
+func crashHolding(t *testing.T, w *world, n int) {
+	t.Helper()
+	for range n {
+		c, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Receive(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+		c.Crash()
+		time.Sleep(2 * time.Second) // past the lease
+	}
+}
+
+// TestAttemptsUsedUpByLostLeases: a message whose attempt count was used up
+// by deliveries it never ran (two processes died holding it, MaxAttempts 2)
+// gets one run of its own: a success is acknowledged, a failure
+// dead-letters it after that run. Before the fix it was dead-lettered
+// unrun ("attempts exhausted (2) by lost leases").
+func TestAttemptsUsedUpByLostLeases(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		name := "succeeds"
+		if fail {
+			name = "fails"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w.publish(t, "m1", "k")
+				crashHolding(t, w, 2)
+				var attempts []int
+				s, stop := w.start(t, nil, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 2}}, func(ctx context.Context, d *keyorder.Delivery) error {
+					attempts = append(attempts, d.Attempt)
+					if fail {
+						return errors.New("fails")
+					}
+					return nil
+				})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				stop()
+				if !slices.Equal(attempts, []int{3}) {
+					t.Fatalf("m1 ran at attempts %v; want one run, at attempt 3", attempts)
+				}
+				dl, err := s.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case fail && (len(dl) != 1 || dl[0].Attempts != 3):
+					t.Fatalf("dead letters %+v; want m1 after its failed run, 3 attempts", dl)
+				case !fail && (len(dl) != 0 || counts(s).Acked != 1):
+					t.Fatalf("dead letters %+v, acked %d; want m1 acknowledged", dl, counts(s).Acked)
+				}
+			})
+		})
+	}
+}
+
+// startRecords declares driver.StartRecorder over a memory driver: the
+// broker's count then counts only deliveries whose handler started.
+type startRecords struct {
+	driver.Subscription
+	started func(ms []*driver.Message)
+}
+
+func (r startRecords) Started(ctx context.Context, ms []*driver.Message) error {
+	if r.started != nil {
+		r.started(ms)
+	}
+	return nil
+}
+
+// TestUnrunLimitFollowsStartRecords: where the driver records handler
+// starts, a message that arrives past MaxAttempts has run MaxAttempts
+// times, so it is dead-lettered without another run; where it does not
+// (TestAttemptsUsedUpByLostLeases), the same count gets one run. Before the
+// fix both were dead-lettered unrun.
+func TestUnrunLimitFollowsStartRecords(t *testing.T) {
+	for _, records := range []bool{true, false} {
+		name := "records"
+		if !records {
+			name = "no-records"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w.publish(t, "m1", "k")
+				crashHolding(t, w, 2)
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var drv driver.Subscription = raw
+				if records {
+					drv = startRecords{Subscription: raw}
+				}
+				var calls int
+				s, stop := w.start(t, drv, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 2}}, func(ctx context.Context, d *keyorder.Delivery) error {
+					calls++
+					return nil
+				})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				stop()
+				dl, err := raw.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if records {
+					if calls != 0 || len(dl) != 1 {
+						t.Fatalf("with start records: calls %d, dead letters %+v; want m1 dead-lettered unrun", calls, dl)
+					}
+				} else if calls != 1 || len(dl) != 0 || counts(s).Acked != 1 {
+					t.Fatalf("without start records: calls %d, dead letters %+v; want one run, acknowledged", calls, dl)
+				}
+			})
+		})
+	}
+}
+
+// TestLostWhileStartRecordedDoesNotRun: a message whose lease is lost while
+// a slow StartRecorder records its start is not handed to the handler
+// (with a cancelled context): its redelivery runs instead.
+func TestLostWhileStartRecordedDoesNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := &reportsLost{Subscription: raw}
+		var once sync.Once
+		drv := startRecords{Subscription: lost, started: func(ms []*driver.Message) {
+			once.Do(func() {
+				lost.lose(ms[0].ID)
+				time.Sleep(10 * time.Second) // a renewal reports it lost meanwhile
+			})
+		}}
+		w.publish(t, "m1", "k")
+		var mu sync.Mutex
+		var runs []string
+		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			mu.Lock()
+			runs = append(runs, fmt.Sprintf("%s@%d cancelled=%v", d.ID, d.Attempt, ctx.Err() != nil))
+			mu.Unlock()
+			return nil
+		})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(runs) != 1 || runs[0] != "m1@2 cancelled=false" {
+			t.Fatalf("runs %v; want only m1's redelivery, its context live", runs)
+		}
+	})
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -100,8 +101,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			s.redeliveredDead(it, dn)
 			continue
 		}
-		if it.attempt > s.cfg.Retry.MaxAttempts {
-			// Lost leases used up the budget before a handler could finish.
+		if it.attempt > s.unrunLimit() {
+			// Lost leases used up the budget, and more: see unrunLimit.
 			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 			continue
 		}
@@ -115,6 +116,18 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		return run, nil, r, false
 	}
 	s.started(ctx, run)
+	for k, it := range run {
+		if it.lost.Load() {
+			// Lost while its start was being recorded: it does not run
+			// (with a cancelled context), nor anything behind it.
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
+	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
 	// The attempt's context, cancelled when it ends or a member's lease is
 	// lost (see attemptCtx); the first attempt of its first member comes
 	// with the item.
@@ -354,6 +367,25 @@ type deadNote struct {
 	copy     any
 	attempt  int
 	landed   bool
+}
+
+// unrunLimit is the highest attempt a message may arrive with and still
+// run. A message is dead-lettered for its attempts after a run of its own
+// has failed (decide); before a run only when its count shows more lost
+// deliveries than a crash loop may take. Where the driver records handler
+// starts (driver.StartRecorder), a lost delivery counts only when the
+// handler started, so a message that arrives past MaxAttempts has run
+// MaxAttempts times: it is dead-lettered unrun. Elsewhere a broker may
+// count deliveries that never ran (the messages held in a process that
+// died, a chain taken whole by a receive), so a message whose count such
+// deliveries used up gets one run, at MaxAttempts+1; past that it is
+// dead-lettered unrun, which bounds a message that kills every process
+// running it to MaxAttempts+1 runs.
+func (s *Subscriber) unrunLimit() int {
+	if _, ok := s.drv.(driver.StartRecorder); ok {
+		return s.cfg.Retry.MaxAttempts
+	}
+	return s.cfg.Retry.MaxAttempts + 1
 }
 
 // call runs the handler, turning a panic into an error. end ends the
