@@ -552,3 +552,132 @@ func TestLostWhileStartRecordedDoesNotRun(t *testing.T) {
 		}
 	})
 }
+
+// Return forwards driver.Returner, which embedding hides.
+func (h holdChains) Return(ctx context.Context, rs []driver.Returned) error {
+	return h.Subscription.(driver.Returner).Return(ctx, rs)
+}
+
+// restartShapes are the shapes whose failed messages wait for a retry in
+// process: memory InProcess, and a Native chain under HoldChains.
+var restartShapes = []struct {
+	name string
+	opts memory.SubscriptionOptions
+	wrap func(memhook.Subscription) driver.Subscription
+}{
+	{"InProcess", memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess}, func(s memhook.Subscription) driver.Subscription { return s }},
+	{"HoldChains", memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2}, func(s memhook.Subscription) driver.Subscription { return holdChains{s} }},
+}
+
+// runUntilClose runs one subscriber (a process) on the world's
+// subscription for life, then stops it gracefully.
+func runUntilClose(t *testing.T, w *world, life time.Duration, wrap func(memhook.Subscription) driver.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *subscribe.Subscriber {
+	t.Helper()
+	raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, stop := w.start(t, wrap(raw), cfg, h)
+	time.Sleep(life)
+	synctest.Wait()
+	stop()
+	return s
+}
+
+// TestGracefulRestartsKeepAttempts: a message that fails every run, with
+// graceful restarts only (each process stops while the message waits for
+// its in-process retry), keeps its count across them: it runs at attempts
+// 1, 2, 3 and is dead-lettered under MaxAttempts 3. Before the fix it ran
+// at attempts [1 1 1 1 ...] and was never dead-lettered.
+func TestGracefulRestartsKeepAttempts(t *testing.T) {
+	for _, shape := range restartShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := shape.opts
+				w := newWorld(t, &opts)
+				publishAll(t, w, "k", "m1", "m2")
+				var mu sync.Mutex
+				var attempts []int
+				var m2 int
+				h := func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if d.ID != "m1" {
+						m2++
+						return nil
+					}
+					attempts = append(attempts, d.Attempt)
+					return errors.New("poison")
+				}
+				cfg := func() *subscribe.Config {
+					return &subscribe.Config{ShutdownTimeout: time.Second, Retry: policy.Retry{MaxAttempts: 3, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, NoJitter: true}}
+				}
+				// Each process lives 7 s: m1's 10 s retry is always due
+				// after the process that failed it stopped.
+				for range 6 {
+					runUntilClose(t, w, 7*time.Second, shape.wrap, cfg(), h)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(attempts, []int{1, 2, 3}) {
+					t.Fatalf("m1 ran at attempts %v over graceful restarts; want [1 2 3]", attempts)
+				}
+				raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
+				dl, err := raw.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(dl) != 1 || dl[0].Message.ID != "m1" || dl[0].Attempts != 3 {
+					t.Fatalf("dead letters %+v; want m1 after 3 attempts", dl)
+				}
+				if m2 != 1 {
+					t.Fatalf("m2 ran %d times; want once, after m1 was dead-lettered", m2)
+				}
+			})
+		})
+	}
+}
+
+// TestGracefulRestartKeepsRetryDelay: a message that asked for a 1-minute
+// RetryAfter and whose process stops gracefully meanwhile is not run by the
+// next process before the minute is up (nor is its key's next message).
+// Before the fix the next process ran it at once.
+func TestGracefulRestartKeepsRetryDelay(t *testing.T) {
+	for _, shape := range restartShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := shape.opts
+				w := newWorld(t, &opts)
+				publishAll(t, w, "k", "m1", "m2")
+				var runs startLog
+				h := func(ctx context.Context, d *keyorder.Delivery) error {
+					runs.add(fmt.Sprintf("%s@%d", d.ID, d.Attempt))
+					if d.ID == "m1" && d.Attempt == 1 {
+						return keyorder.RetryAfter(errors.New("later"), time.Minute)
+					}
+					return nil
+				}
+				runUntilClose(t, w, time.Second, shape.wrap, &subscribe.Config{ShutdownTimeout: time.Second}, h)
+				if !slices.Equal(runs.get(), []string{"m1@1"}) {
+					t.Fatalf("first process ran %v; want [m1@1]", runs.get())
+				}
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, stop := w.start(t, shape.wrap(raw), nil, h)
+				defer stop()
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+				if !slices.Equal(runs.get(), []string{"m1@1"}) {
+					t.Fatalf("next process ran %v within the minute m1 asked for", runs.get())
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if !slices.Equal(runs.get(), []string{"m1@1", "m1@2", "m2@1"}) {
+					t.Fatalf("runs %v; want m1 again at attempt 2 after its minute, then m2", runs.get())
+				}
+			})
+		})
+	}
+}

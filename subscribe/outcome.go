@@ -281,8 +281,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		} else {
 			it.attempt++
+			at := time.Now().Add(delay)
+			it.due = at.Sub(s.born)
 			s.park(it)
-			s.retryAside(it, time.Now().Add(delay))
+			s.retryAside(it, at)
 		}
 		return rest, lanes.RetryAt(time.Time{})
 	}
@@ -304,8 +306,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	// time; its flow-control token is returned so other keys keep
 	// flowing.
 	it.attempt++
+	at := time.Now().Add(delay)
+	it.due = at.Sub(s.born)
 	s.park(it)
-	return run[i:], lanes.RetryAt(time.Now().Add(delay))
+	return run[i:], lanes.RetryAt(at)
 }
 
 // cut gives back members that must not run now (the first was lost, or

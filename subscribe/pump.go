@@ -21,6 +21,9 @@ type item struct {
 	attempt int
 	chain   *chain
 	seq     uint64 // receive order
+	// due is when the retry of a message that failed here and waits in
+	// process is due, as time since Subscriber.born (see returned).
+	due time.Duration
 	// key is the in-process group (lane key): the broker's key, refined
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string

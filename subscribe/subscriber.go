@@ -311,7 +311,7 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 				live = append(live, it)
 			}
 		}
-		s.giveBack(live)
+		s.giveBackAtStop(live)
 	}
 	if aside := s.liftAllBarriers(); len(aside) > 0 {
 		s.cut(aside)
