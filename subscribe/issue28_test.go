@@ -681,3 +681,148 @@ func TestGracefulRestartKeepsRetryDelay(t *testing.T) {
 		})
 	}
 }
+
+// revocable declares driver.Revocable over a memory driver, and records
+// the settlement calls made for each message after a revocation.
+type revocable struct {
+	driver.Subscription
+	mu      sync.Mutex
+	revoke  func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
+	revoked func(*driver.Message) bool
+	settled []string // "op id" of messages settled after their revocation
+}
+
+func (r *revocable) SetRevoke(f func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message) {
+	r.mu.Lock()
+	r.revoke = f
+	r.mu.Unlock()
+}
+
+func (r *revocable) note(op string, ms ...*driver.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		if r.revoked != nil && r.revoked(m) {
+			r.settled = append(r.settled, op+" "+m.ID)
+		}
+	}
+}
+
+// Receive hands out nothing revoked: the broker gives it to another
+// process now.
+func (r *revocable) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
+	ms, err := r.Subscription.Receive(ctx, n)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.revoked != nil {
+		ms = slices.DeleteFunc(ms, r.revoked)
+	}
+	return ms, err
+}
+
+func (r *revocable) Ack(ctx context.Context, ms []*driver.Message) error {
+	r.note("ack", ms...)
+	return r.Subscription.Ack(ctx, ms)
+}
+
+func (r *revocable) Nack(ctx context.Context, m *driver.Message, d time.Duration) error {
+	r.note("nack", m)
+	return r.Subscription.Nack(ctx, m, d)
+}
+
+func (r *revocable) Release(ctx context.Context, ms []*driver.Message) error {
+	r.note("release", ms...)
+	return r.Subscription.Release(ctx, ms)
+}
+
+func (r *revocable) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	r.note("deadletter", m)
+	return r.Subscription.DeadLetter(ctx, m, reason, attempts)
+}
+
+// TestRevokeTakesBackWaitingItems: when a driver.Revocable driver revokes
+// messages, those waiting in the process (a parked retry, the message
+// behind it on its held key, a throttled message) never start after the
+// revocation returned, and the one running has ended by then (its context
+// cancelled); none of them is settled by this process. Before the fix
+// SetRevoke was never called, and the waiting ones ran when their turn
+// came.
+func TestRevokeTakesBackWaitingItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: time.Hour})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := &revocable{Subscription: raw}
+		publishAll(t, w, "A", "a1", "a2") // a1 fails and waits a minute; a2 waits behind it
+		publishAll(t, w, "B", "b1")       // b1 runs until cancelled
+		publishAll(t, w, "C", "c1", "c2") // c2 waits for its throttle
+		var starts startLog
+		var mu sync.Mutex
+		var afterRevoke []string
+		revoked := false
+		bEnded := make(chan struct{})
+		cfg := &subscribe.Config{Workers: 4, Throttles: []subscribe.Throttle{{
+			By:   func(m *keyorder.Message) string { return map[bool]string{true: m.Key}[m.Key == "C"] },
+			Rate: 1.0 / 3600,
+		}}}
+		s, stop := w.start(t, drv, cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+			starts.add(d.ID)
+			mu.Lock()
+			if revoked {
+				afterRevoke = append(afterRevoke, d.ID)
+			}
+			mu.Unlock()
+			switch {
+			case d.ID == "a1":
+				return keyorder.RetryAfter(errors.New("later"), time.Minute)
+			case d.ID == "b1":
+				<-ctx.Done()
+				close(bEnded)
+				return ctx.Err()
+			}
+			return nil
+		})
+		defer stop()
+		synctest.Wait()
+		drv.mu.Lock()
+		revoke := drv.revoke
+		drv.mu.Unlock()
+		if revoke == nil {
+			t.Fatal("the subscriber never called SetRevoke on a driver.Revocable driver")
+		}
+		if got := starts.get(); !slices.Contains(got, "a1") || !slices.Contains(got, "b1") || !slices.Contains(got, "c1") || slices.Contains(got, "c2") {
+			t.Fatalf("started %v before the revocation; want a1, b1, c1 and not c2", got)
+		}
+		sel := func(m *driver.Message) bool { return m.Key == "A" || m.Key == "B" || m.Key == "C" }
+		drv.mu.Lock()
+		drv.revoked = sel
+		drv.mu.Unlock()
+		still := revoke(context.Background(), sel)
+		mu.Lock()
+		revoked = true
+		mu.Unlock()
+		if len(still) != 0 {
+			t.Fatalf("revoke returned %d messages still running; want none", len(still))
+		}
+		select {
+		case <-bEnded:
+		default:
+			t.Fatal("revoke returned while b1's handler still ran")
+		}
+		time.Sleep(2 * time.Hour) // past a1's retry, c2's throttle
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(afterRevoke) != 0 {
+			t.Fatalf("started %v after their revocation", afterRevoke)
+		}
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		if len(drv.settled) != 0 {
+			t.Fatalf("settled %v after their revocation; the broker gave them to another process", drv.settled)
+		}
+		_ = s
+	})
+}

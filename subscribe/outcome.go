@@ -137,15 +137,29 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 	}
 	hctx.parent = ctx
 	hctx.begun = time.Since(s.born)
-	hctx.begin(s, run)
-	for _, it := range run {
+	// Each member is the attempt's (hctx set) unless it was lost (or
+	// revoked: see revoke.go) first, both under its mu: a member lost
+	// from now on is running, and its loss cancels hctx.
+	for k, it := range run {
 		it.mu.Lock()
+		if it.lost.Load() {
+			it.mu.Unlock()
+			for _, o := range run[:k] {
+				o.mu.Lock()
+				o.hctx = nil
+				o.mu.Unlock()
+			}
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
 		it.hctx = hctx
 		it.mu.Unlock()
-		if it.lost.Load() {
-			hctx.cancel()
-		}
 	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
+	hctx.begin(s, run)
 	return run, hctx, lanes.Result{}, true
 }
 

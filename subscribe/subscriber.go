@@ -254,6 +254,9 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 	if bpool != nil {
 		s.batcher = newBatcher(s, bpool, rctx)
 	}
+	if r, ok := s.drv.(driver.Revocable); ok {
+		r.SetRevoke(s.revoke)
+	}
 	runErr := s.pump(rctx, pool)
 	var unbatched []*item // open batches, never handed to the lanes
 	if s.batcher != nil {
