@@ -36,12 +36,16 @@ import (
 // must stay cancelled, so a later attempt gets a new one.
 type attemptCtx struct {
 	parent context.Context
+	// begun is when the attempt started, as time since Subscriber.born
+	// (set before the handler runs; read by Close's report of handlers
+	// still running).
+	begun time.Duration
 
 	ready atomic.Bool     // real is set; read it without mu
-	mu    sync.Mutex      // guards the fields below while !ready
+	ended bool            // cancel was called; guarded by mu
+	mu    sync.Mutex      // guards the fields below (and ended) while !ready
 	real  context.Context // the WithCancel context, once built
 	stop  context.CancelFunc
-	ended bool // cancel was called
 
 	// The attempt as drivers see it (driver.Attempt, through
 	// Value(driver.AttemptKey)): its member (one) or members (run, for a
