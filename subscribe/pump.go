@@ -115,6 +115,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.releaseTokens(n)
 			return nil
 		}
+		gen := s.revokeGen.Load() // revocations before this Receive
 		ms, err := s.drv.Receive(ctx, n)
 		if len(ms) > n {
 			// A driver broke its contract; the extra messages carry no
@@ -200,6 +201,9 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				// Behind a parked head of its key: held.
 				free += s.untoken(it)
 			}
+		}
+		if s.revokeGen.Load() != gen {
+			free += s.revokeReceived(its, gen)
 		}
 		s.mu.Unlock()
 		s.releaseTokens(free)

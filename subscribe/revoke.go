@@ -25,9 +25,14 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 	var running []*item
 	toks := 0
 	s.mu.Lock()
+	// Messages a Receive returned that the pump has not registered yet
+	// are revoked when it does (revokeReceived).
+	s.revocations = append(s.revocations, revocation{gen: s.revokeGen.Add(1), selected: selected})
+	var revoked []*item
 	for it := s.outstanding.head; it != nil; {
 		next := it.nextO
 		if selected(it.m) {
+			revoked = append(revoked, it)
 			it.mu.Lock()
 			it.fenced.Store(true)
 			it.lost.Store(true)
@@ -46,6 +51,10 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 		}
 		it = next
 	}
+	// The broker redelivers them, here or elsewhere: under in-process
+	// hold a later message of their keys that comes here first waits for
+	// that redelivery (a barrier, as for a lost lease: lostkey.go).
+	s.leaseLost(revoked)
 	s.mu.Unlock()
 	s.releaseTokens(toks)
 	if len(running) == 0 {
@@ -76,4 +85,45 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 		case <-t.C:
 		}
 	}
+}
+
+// revocation is one call of revoke, for the messages a Receive returned
+// before it and the pump had not registered yet.
+type revocation struct {
+	gen      uint64
+	selected func(*driver.Message) bool
+}
+
+// revokeReceived applies the revocations made since a Receive began (gen
+// was revokeGen then) to what it returned, just registered as
+// outstanding: the selected leave the outstanding set, lost and fenced,
+// and are dropped when their turn comes. It returns the tokens to
+// release. Every revocation made so far is then applied to everything
+// registered, so the list is emptied. Called with s.mu held.
+func (s *Subscriber) revokeReceived(its []*item, gen uint64) int {
+	toks := 0
+	var revoked []*item
+	for _, r := range s.revocations {
+		if r.gen <= gen {
+			continue
+		}
+		for _, it := range its {
+			if it.inOut && r.selected(it.m) {
+				revoked = append(revoked, it)
+				it.mu.Lock()
+				it.fenced.Store(true)
+				it.lost.Store(true)
+				it.mu.Unlock()
+				s.removeOutstanding(it)
+				if it.hasToken {
+					it.hasToken = false
+					toks++
+				}
+			}
+		}
+	}
+	s.leaseLost(revoked)
+	clear(s.revocations)
+	s.revocations = s.revocations[:0]
+	return toks
 }

@@ -60,6 +60,11 @@ type Subscriber struct {
 	// lostKeys: the keys waiting for a lost message's redelivery (see
 	// lostkey.go).
 	lostKeys map[string]*barrier
+	// revocations: the revocations made since the pump's last
+	// registration of what it received, numbered by revokeGen (see
+	// revoke.go).
+	revocations []revocation
+	revokeGen   atomic.Uint64
 	// held counts the outstanding items that hold no flow-control token
 	// (item.held); while it is at Config.MaxHeld the pump does not
 	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
