@@ -219,12 +219,14 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 // whose lease is gone makes the call answer ErrLeaseLost.
 func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, fn func(l *lease, now time.Time)) error {
 	effect, err := i.call(ctx, op)
-	if !effect {
-		return err
-	}
 	b := i.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !effect {
+		b.trace("%s of %d messages from instance %d failed without effect: %v", op, len(ms), i.id, err)
+		b.settledNot(op, ms)
+		return err
+	}
 	now := time.Now()
 	b.expire(now)
 	if len(ms) > 0 && b.chance(b.cfg.Faults.LoseOnSettle) {
@@ -239,8 +241,11 @@ func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, 
 			if lost == nil {
 				lost = fmt.Errorf("%s %s: %w", op, m.ID, ErrLeaseLost)
 			}
+			b.trace("%s of %s from instance %d: lease lost", op, m.ID, i.id)
+			b.settledNot(op, []*driver.Message{m})
 			continue
 		}
+		b.trace("%s of %s from instance %d", op, m.ID, i.id)
 		fn(l, now)
 	}
 	b.signal()
@@ -248,6 +253,16 @@ func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, 
 		return err
 	}
 	return lost
+}
+
+// settledNot tells the Settled hook that op did not take effect for ms;
+// b.mu is held.
+func (b *Broker) settledNot(op string, ms []*driver.Message) {
+	if f := b.cfg.Settled; f != nil && (op == "ack" || op == "dead-letter") {
+		for _, m := range ms {
+			f(op, m.ID, false)
+		}
+	}
 }
 
 // live returns m's lease if this instance still holds it; b.mu is held.
@@ -267,7 +282,7 @@ func (i *Instance) Ack(ctx context.Context, ms []*driver.Message) error {
 			l.r.acked = true
 			i.b.ackedIDs[l.r.msg.ID] = true
 			if f := i.b.cfg.Settled; f != nil {
-				f("ack", l.r.msg.ID)
+				f("ack", l.r.msg.ID, true)
 			}
 		}
 	})
@@ -340,7 +355,7 @@ func (i *Instance) DeadLetter(ctx context.Context, m *driver.Message, reason str
 			r.dead = true
 			i.b.dead = append(i.b.dead, driver.DeadLetter{Message: r.msg, Reason: reason, Attempts: attempts, DeadAt: now})
 			if f := i.b.cfg.Settled; f != nil {
-				f("dead-letter", r.msg.ID)
+				f("dead-letter", r.msg.ID, true)
 			}
 		}
 	})
