@@ -26,7 +26,9 @@ package subscribe_test
 //
 // Faults come in classes (modelClasses). The classes a subscriber bug on
 // main still breaks are off by default, each listed with the seeds that
-// found it; KEYORDER_MODEL_CLASSES=a,b turns classes on (KEYORDER_MODEL_ALL=1
+// found it; those on by default name the seeds that failed before their
+// fix. Seeds draw differently with other classes on, so a seed is named
+// with the classes it ran under. KEYORDER_MODEL_CLASSES=a,b turns classes on (KEYORDER_MODEL_ALL=1
 // all of them), KEYORDER_MODEL_SEEDS sets how many seeds run (default
 // 1000; 100 under -race), KEYORDER_MODEL_SEED runs one seed, and
 // KEYORDER_MODEL_MAXFAIL stops after that many failing seeds (default 5).
@@ -67,13 +69,14 @@ var modelClasses = []modelClass{
 	{name: "base", on: true},
 	{name: "loseOne", why: "issue 28 item 1: a lost lease of one delivery lets the key's later delivery run before the redelivered one (before bc42557: seeds 93, 254, 298, 391, 432 of 1,000; after it, still 172, 266, 286, 298, 364 of 3,000, lost leases reported per delivery or in a settlement's answer)"},
 	{name: "returner", why: "issue 28 item 2: a graceful stop forgets the attempts of a message waiting for an in-process retry (seeds 34, 38, 91, 266, 357: run 2 at attempt 1; 415, 435: a message failing every run dead-lettered after 4 and 6 runs, bound 3)"},
-	{name: "scribble", why: "issue 28 item 5: under HoldChains a retry in process shares the payload the handler wrote into (before the fix on main: seeds 27, 91, 162, 179, 211; none of 3,000 since)"},
-	{name: "batchPermanent", why: "issue 28 item 4: RunBatch reruns a Permanent failure uncounted when another member's lease is lost (not found by the model in 3,000 seeds: its Permanent messages rarely share a batch with a lost lease)"},
+	{name: "scribble", on: true, why: "issue 28 item 5: under HoldChains a retry in process shared the payload the handler wrote into; before 14600b7 seeds 27, 91, 162, 179, 211 failed with KEYORDER_MODEL_CLASSES=scribble, and seed 44 by default"},
+	{name: "batchPermanent", on: true, why: "issue 28 item 4: RunBatch reran a Permanent failure uncounted when another member's lease was lost; the model did not find it before 14600b7 either (2,000 seeds): its Permanent messages rarely share a batch with a lost lease"},
 	{name: "revoke", why: "issue 28 item 7a: a revoked key's message waiting in the process starts after the revocation returned (seeds 1014, 1220, 2196 of 3,000; seed 40 of 1,000 before bc42557)"},
 	{name: "crashCount", why: "issue 28 item 3: a message that kills its process is dead-lettered within MaxAttempts+1 runs (seeds 9, 12, 65, 146, 151: 5 to 8 runs under in-process hold, bound 4)"},
 	{name: "unrunDead", why: "issue 28 item 9: a message whose count lost leases used up is dead-lettered without a run of its own (seeds 25, 119, 624, 629 of 1,000; 172, 424, 624, 734, 756 of 3,000)"},
+	{name: "settleLost", why: "under HoldChains, a DeadLetter whose answer says the head's lease was lost lets the subscriber run the rest of the chain; the head is redelivered and runs after them (by default before this class, seed 3859 of 5,000: m007 failed to its budget, its DeadLetter found the lease lost, m009 ran and was acknowledged, then m007 ran again and succeeded; seed 3421: the same after m011's lease ran out during stalled renewals; rare: about 1 run in 10,000 seeds, and a seed replays its scheduling only now and then)"},
 	{name: "startCount", why: "with a StartRecorder, a message that lost a lease runs at an attempt below its whole runs before (seed 172 of 1,000: m018 ran attempts 1, 2, then 2 again after a Nack that timed out); not traced yet"},
-	{name: "closeCtx", why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own (seeds 7, 14, 19, 20, 61: Close returned 6 to 57 s after its 1-minute context ended)"},
+	{name: "closeCtx", on: true, why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own; before 14600b7 seeds 14, 20, 61, 64, 68 failed with KEYORDER_MODEL_CLASSES=closeCtx, and seeds 4, 25, 27, 40, 47 by default (Close returned 31 to 60 s after its 1-minute context ended)"},
 }
 
 // modelScenario is one drawn scenario.
@@ -176,6 +179,13 @@ func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 		// A lease lost in a settlement's answer without native hold
 		// leaves the key's later deliveries lost unreported: item 1.
 		f.LoseOnSettle = 0
+	}
+	if c.HoldChains && !classes["settleLost"] {
+		// Under HoldChains a settlement that finds the head's lease
+		// lost (in its answer, or run out unnoticed) breaks the order:
+		// class settleLost. (classes, not use: the draws of every
+		// seed stay what they were.)
+		f.LoseOnSettle, f.StallRenewals, f.Timeout = 0, 0, 0
 	}
 	sc.scribble = use("scribble")
 
@@ -307,12 +317,11 @@ func (l *modelLog) finish(r *modelRun, outcome string) {
 	l.open[r.inst] = slices.DeleteFunc(l.open[r.inst], func(o *modelRun) bool { return o == r })
 }
 
-// kill ends every run of inst now, as its process dies.
+// kill ends every run of inst now, as its process dies or exits.
 func (l *modelLog) kill(inst int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dead[inst] = true
-	l.crashed = true
 	for _, r := range l.open[inst] {
 		l.seq++
 		r.end, r.outcome = l.seq, "killed"
@@ -453,7 +462,10 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 	nextIdx := 0
 	crashes := make(chan *modelInst, 64)
 
+	var handlers sync.WaitGroup // a handler ignoring its context outlives Close
 	runOne := func(ctx context.Context, in *modelInst, d *keyorder.Delivery) error {
+		handlers.Add(1)
+		defer handlers.Done()
 		m := byID[d.ID]
 		run := log.begin(in.idx, d, m.id, !in.mi.Holds(d.ID))
 		if run == nil {
@@ -463,6 +475,9 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 			defer copy(d.Payload, "SCRIB")
 		}
 		if m.killer {
+			log.mu.Lock()
+			log.crashed = true
+			log.mu.Unlock()
 			log.kill(in.idx)
 			in.mi.Crash()
 			crashes <- in
@@ -562,8 +577,14 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		case <-time.After(10 * time.Minute):
 			t.Errorf("instance %d: Run did not return 10 minutes after Close", in.idx)
 		}
+		// The process exits: a handler that ignored its context and
+		// still runs ends with it.
+		log.kill(in.idx)
 	}
 	crash := func(in *modelInst) {
+		log.mu.Lock()
+		log.crashed = true
+		log.mu.Unlock()
 		log.kill(in.idx)
 		in.mi.Crash()
 		stop(in, true)
@@ -643,6 +664,10 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 	}
 	close(crashes)
 	<-supervised
+	handlers.Wait()
+	// A Close cut short by its context leaves settlement retries behind
+	// (30 s at most); the bubble must not end before them.
+	time.Sleep(time.Minute)
 	checkModelScenario(t, sc, b, log)
 }
 
@@ -657,6 +682,10 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 		dead[dl.Message.ID] = dl
 	}
 	lost := b.LostLeases()
+	byMsg := map[string]*modelMsg{}
+	for _, m := range sc.msgs {
+		byMsg[m.id] = m
+	}
 	runsOf := map[string][]*modelRun{}
 	for _, r := range log.runs {
 		runsOf[r.id] = append(runsOf[r.id], r)
@@ -745,7 +774,10 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 				// first still runs, or run a copy it no longer holds: no
 				// consumer can prevent it, so across instances that
 				// overlap is allowed.
-				if p.end > runs[i].start && (p.inst == runs[i].inst || lost[p.id] == 0 && !p.stale && !runs[i].stale) {
+				// So does a handler that ignores its cancelled context
+				// (closeCtx) past its lease.
+				ignores := byMsg[p.id].ignoreCtx || byMsg[runs[i].id].ignoreCtx
+				if p.end > runs[i].start && (p.inst == runs[i].inst || lost[p.id] == 0 && !p.stale && !runs[i].stale && !ignores) {
 					bad("key %s: %s (attempt %d, instance %d) started while %s (attempt %d, instance %d) ran", key, runs[i].id, runs[i].attempt, runs[i].inst, p.id, p.attempt, p.inst)
 				}
 			}
@@ -786,6 +818,9 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 				}
 				if resolved == 0 {
 					continue
+				}
+				if earlier.ignoreCtx {
+					continue // its run may outlive its lease (closeCtx)
 				}
 				for _, r := range runsOf[m.id] {
 					if r.start < resolved && !r.stale {

@@ -305,9 +305,25 @@ func (i *Instance) Nack(ctx context.Context, m *driver.Message, delay time.Durat
 }
 
 // Release implements driver.Subscription: the messages are deliverable
-// again at once, uncounted.
+// again at once, uncounted. Without NativeHold and with
+// Faults.LoseWithLater, the instance's later deliveries of their keys go
+// back with them, unreported (as a Pub/Sub nack redelivers a key's later
+// messages); without LoseWithLater they stay leased.
 func (i *Instance) Release(ctx context.Context, ms []*driver.Message) error {
-	return i.settle(ctx, "release", ms, func(l *lease, _ time.Time) { i.b.drop(l) })
+	return i.settle(ctx, "release", ms, func(l *lease, _ time.Time) {
+		b := i.b
+		b.drop(l)
+		if b.cfg.NativeHold || !b.cfg.Faults.LoseWithLater || l.dup || l.r.msg.Key == "" {
+			return
+		}
+		for _, o := range b.recs[l.r.seq+1:] {
+			if o.msg.Key == l.r.msg.Key && o.lease != nil && o.lease.inst == i {
+				b.trace("lease of %s (instance %d) released with %s", o.msg.ID, i.id, l.r.msg.ID)
+				b.drop(o.lease)
+				o.lost++ // uncounted: taken back unreported
+			}
+		}
+	})
 }
 
 // ExtendLeases implements driver.Subscription.

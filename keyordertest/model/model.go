@@ -82,10 +82,10 @@ type Faults struct {
 	// LoseWithLater: without NativeHold, a lost lease also takes back the
 	// later deliveries of its key held by the same instance (redelivered
 	// after it, as Pub/Sub does). A renewal reports them lost in the
-	// same answer; a settlement or an expiry leaves them unreported until
-	// they are renewed or settled. Without it a lease is lost alone, per
-	// delivery: a key's earlier message is redelivered while its later
-	// ones stay leased.
+	// same answer; a settlement, a Release or an expiry leaves them
+	// unreported until they are renewed or settled. Without it a lease is
+	// lost (or a message released) alone, per delivery: a key's earlier
+	// message is redelivered while its later ones stay leased.
 	LoseWithLater bool
 	// Fail is, per call (Receive, Ack, Nack, Release, ExtendLeases,
 	// DeadLetter), the chance that it fails retryably without effect;
@@ -267,17 +267,25 @@ func (b *Broker) expire(now time.Time) {
 		}
 	}
 	slices.SortFunc(gone, func(x, y *lease) int { return int(x.id - y.id) })
-	for _, l := range gone {
+	// Decided for all before any is taken back: taking one back changes
+	// which is a key's first.
+	counted := make([]bool, len(gone))
+	for k, l := range gone {
+		counted[k] = b.lostCounts(l)
+	}
+	for k, l := range gone {
 		if b.leases[l.id] == l {
-			b.lose(l)
+			b.loseCounted(l, counted[k])
 		}
 	}
 }
 
 // lose takes l back: its message is deliverable again, counting the
 // attempt when it may have been running; b.mu is held.
-func (b *Broker) lose(l *lease) {
-	counted := b.lostCounts(l)
+func (b *Broker) lose(l *lease) { b.loseCounted(l, b.lostCounts(l)) }
+
+// loseCounted is lose with the count decided; b.mu is held.
+func (b *Broker) loseCounted(l *lease, counted bool) {
 	b.trace("lease of %s (instance %d) lost, counted %v", l.r.msg.ID, l.inst.id, counted && !l.dup)
 	b.drop(l)
 	r := l.r
