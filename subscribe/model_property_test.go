@@ -28,8 +28,8 @@ package subscribe_test
 // main still breaks are off by default, each listed with the seeds that
 // found it; those on by default name the seeds that failed before their
 // fix. Seeds draw differently with other classes on, so a seed is named
-// with the classes it ran under. KEYORDER_MODEL_CLASSES=a,b turns classes on (KEYORDER_MODEL_ALL=1
-// all of them), KEYORDER_MODEL_SEEDS sets how many seeds run (default
+// with the classes it ran under. KEYORDER_MODEL_CLASSES=a,-b turns class a
+// on and b off (KEYORDER_MODEL_ALL=1 all on), KEYORDER_MODEL_SEEDS sets how many seeds run (default
 // 1000; 100 under -race), KEYORDER_MODEL_SEED runs one seed, and
 // KEYORDER_MODEL_MAXFAIL stops after that many failing seeds (default 5).
 
@@ -69,14 +69,15 @@ var modelClasses = []modelClass{
 	{name: "base", on: true},
 	{name: "loseOne", why: "issue 28 item 1: a lost lease of one delivery lets the key's later delivery run before the redelivered one (before bc42557: seeds 93, 254, 298, 391, 432 of 1,000; after it, still 172, 266, 286, 298, 364 of 3,000, lost leases reported per delivery or in a settlement's answer)"},
 	{name: "returner", why: "issue 28 item 2: a graceful stop forgets the attempts of a message waiting for an in-process retry (seeds 34, 38, 91, 266, 357: run 2 at attempt 1; 415, 435: a message failing every run dead-lettered after 4 and 6 runs, bound 3)"},
-	{name: "scribble", on: true, why: "issue 28 item 5: under HoldChains a retry in process shared the payload the handler wrote into; before 14600b7 seeds 27, 91, 162, 179, 211 failed with KEYORDER_MODEL_CLASSES=scribble, and seed 44 by default"},
-	{name: "batchPermanent", on: true, why: "issue 28 item 4: RunBatch reran a Permanent failure uncounted when another member's lease was lost; the model did not find it before 14600b7 either (2,000 seeds): its Permanent messages rarely share a batch with a lost lease"},
+	{name: "scribble", on: true, why: "issue 28 item 5: under HoldChains a retry in process shared the payload the handler wrote into; before 14600b7 seeds 27, 91, 162, 179, 211 failed with KEYORDER_MODEL_CLASSES=scribble, and seeds 44, 66 by default"},
+	{name: "batchPermanent", on: true, why: "issue 28 item 4: RunBatch ran a Permanent failure again when a batch mate's lease was lost during the run; before 14600b7 seeds 49, 287, 1312, 1893, 2610 failed with KEYORDER_MODEL_CLASSES=-closeCtx,-scribble (ran again on the same instance)"},
 	{name: "revoke", why: "issue 28 item 7a: a revoked key's message waiting in the process starts after the revocation returned (seeds 1014, 1220, 2196 of 3,000; seed 40 of 1,000 before bc42557)"},
 	{name: "crashCount", why: "issue 28 item 3: a message that kills its process is dead-lettered within MaxAttempts+1 runs (seeds 9, 12, 65, 146, 151: 5 to 8 runs under in-process hold, bound 4)"},
 	{name: "unrunDead", why: "issue 28 item 9: a message whose count lost leases used up is dead-lettered without a run of its own (seeds 25, 119, 624, 629 of 1,000; 172, 424, 624, 734, 756 of 3,000)"},
+	{name: "closeSlowCall", why: "issue 28 item 8, the rest: Close returns within 1 s of its context's end; it returned 4.3 s and 13.3 s late (seeds 3717 and 1968 by default, about once in 15,000 seeds; the first while a driver call that timed out was running, the second not traced)"},
 	{name: "settleLost", why: "under HoldChains, a DeadLetter whose answer says the head's lease was lost lets the subscriber run the rest of the chain; the head is redelivered and runs after them (by default before this class, seed 3859 of 5,000: m007 failed to its budget, its DeadLetter found the lease lost, m009 ran and was acknowledged, then m007 ran again and succeeded; seed 3421: the same after m011's lease ran out during stalled renewals; rare: about 1 run in 10,000 seeds, and a seed replays its scheduling only now and then)"},
 	{name: "startCount", why: "with a StartRecorder, a message that lost a lease runs at an attempt below its whole runs before (seed 172 of 1,000: m018 ran attempts 1, 2, then 2 again after a Nack that timed out); not traced yet"},
-	{name: "closeCtx", on: true, why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own; before 14600b7 seeds 14, 20, 61, 64, 68 failed with KEYORDER_MODEL_CLASSES=closeCtx, and seeds 4, 25, 27, 40, 47 by default (Close returned 31 to 60 s after its 1-minute context ended)"},
+	{name: "closeCtx", on: true, why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own; before 14600b7 seeds 14, 20, 61, 64, 68 failed with KEYORDER_MODEL_CLASSES=closeCtx, and seeds 4, 25, 31, 47 among others by default (Close returned 29 to 60 s after its 1-minute context ended)"},
 }
 
 // modelScenario is one drawn scenario.
@@ -100,6 +101,7 @@ type modelMsg struct {
 	permanent  bool
 	retryAfter bool
 	ignoreCtx  bool // its handler ignores its context (closeCtx)
+	slow       bool // its run takes longer than a renewal round
 	at         time.Duration
 }
 
@@ -128,6 +130,7 @@ func (sc *modelScenario) String() string {
 }
 
 const modelMaxAttempts = 3
+
 
 func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 	r := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
@@ -211,6 +214,17 @@ func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 		}
 		m.at = at
 		sc.msgs = append(sc.msgs, m)
+	}
+	if use("batchPermanent") && sc.batch != nil && lossy {
+		// From a stream of its own (the other draws of a seed stay what
+		// they were): more Permanent failures, slower than a renewal
+		// round, so a batch mate's lease is lost while one runs.
+		pr := rand.New(rand.NewPCG(seed, 0x7065726d))
+		for _, m := range sc.msgs {
+			if m.key != "" && pr.IntN(6) == 0 {
+				m.permanent, m.fails, m.slow = true, 0, true
+			}
+		}
 	}
 	pick := func() *modelMsg {
 		for _, m := range sc.msgs {
@@ -348,10 +362,12 @@ func TestPropertyPromiseUnderModelBroker(t *testing.T) {
 	}
 	if s := os.Getenv("KEYORDER_MODEL_CLASSES"); s != "" {
 		for _, name := range strings.Split(s, ",") {
+			on := !strings.HasPrefix(name, "-") // -name turns a class off
+			name = strings.TrimPrefix(name, "-")
 			if !slices.ContainsFunc(modelClasses, func(c modelClass) bool { return c.name == name }) {
 				t.Fatalf("KEYORDER_MODEL_CLASSES: no class %q", name)
 			}
-			classes[name] = true
+			classes[name] = on
 		}
 	}
 	n := 1000
@@ -484,9 +500,18 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		if w := work(); w > 0 {
+		w := work()
+		if m.slow {
+			w = 5 * time.Second
+		}
+		if w > 0 {
 			if m.ignoreCtx {
 				time.Sleep(2 * time.Minute)
+			} else if m.slow {
+				// Its decision does not depend on its context: it
+				// fails permanently even when a batch mate's lease
+				// was lost meanwhile.
+				time.Sleep(w)
 			} else {
 				select {
 				case <-ctx.Done():
@@ -563,9 +588,16 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		defer cancel()
 		began := time.Now()
 		err := in.s.Close(ctx)
+		// Close may overrun its context by up to 20 s by default: the
+		// overruns of up to 13 s still seen are class closeSlowCall's
+		// (before 14600b7 it overran by 29 to 60 s).
+		slack := time.Second
+		if !sc.classes["closeSlowCall"] {
+			slack += 20 * time.Second
+		}
 		switch {
-		case time.Since(began) > time.Minute+time.Second:
-			t.Errorf("instance %d: Close returned %v after its 1-minute context ended", in.idx, time.Since(began)-time.Minute)
+		case time.Since(began) > time.Minute+slack:
+			t.Errorf("%s\ninstance %d: Close returned %v after its 1-minute context ended", sc, in.idx, time.Since(began)-time.Minute)
 		case !crashed && err != nil && !(sc.classes["closeCtx"] && errors.Is(err, context.DeadlineExceeded)):
 			t.Errorf("instance %d: Close: %v", in.idx, err)
 		}
@@ -748,6 +780,19 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 		}
 		if isDead && len(runs) == 0 && sc.classes["unrunDead"] {
 			bad("%s: dead-lettered without a run of its own", m.id)
+		}
+		if m.permanent && lost[m.id] == 0 {
+			// One decision, one outcome: a Permanent failure is not run
+			// again by the process that saw it (issue 28 item 4).
+			seen := map[int]bool{}
+			for _, r := range runs {
+				if r.outcome == "permanent" && seen[r.inst] {
+					bad("%s: failed permanently and ran again on instance %d", m.id, r.inst)
+				}
+				if r.outcome == "permanent" {
+					seen[r.inst] = true
+				}
+			}
 		}
 		if m.permanent && !isDead {
 			bad("%s: failed permanently but was not dead-lettered", m.id)
