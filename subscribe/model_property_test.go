@@ -131,7 +131,6 @@ func (sc *modelScenario) String() string {
 
 const modelMaxAttempts = 3
 
-
 func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 	r := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
 	on := func(name string) bool { return classes[name] }
