@@ -26,8 +26,10 @@ package subscribe_test
 //
 // Faults come in classes (modelClasses). The classes a subscriber bug on
 // main still breaks are off by default, each listed with the seeds that
-// found it; KEYORDER_MODEL_CLASSES=a,b turns classes on (KEYORDER_MODEL_ALL=1
-// all of them), KEYORDER_MODEL_SEEDS sets how many seeds run (default
+// found it; those on by default name the seeds that failed before their
+// fix. Seeds draw differently with other classes on, so a seed is named
+// with the classes it ran under. KEYORDER_MODEL_CLASSES=a,-b turns class a
+// on and b off (KEYORDER_MODEL_ALL=1 all on), KEYORDER_MODEL_SEEDS sets how many seeds run (default
 // 1000; 100 under -race), KEYORDER_MODEL_SEED runs one seed, and
 // KEYORDER_MODEL_MAXFAIL stops after that many failing seeds (default 5).
 
@@ -65,15 +67,17 @@ type modelClass struct {
 
 var modelClasses = []modelClass{
 	{name: "base", on: true},
-	{name: "loseOne", why: "issue 28 item 1: a lost lease of one delivery lets the key's later delivery run before the redelivered one"},
-	{name: "returner", why: "issue 28 item 2: a graceful stop forgets the attempts of a message waiting for an in-process retry"},
-	{name: "scribble", why: "issue 28 item 5: under HoldChains a retry in process shares the payload the handler wrote into"},
-	{name: "batchPermanent", why: "issue 28 item 4: RunBatch reruns a Permanent failure uncounted when another member's lease is lost"},
-	{name: "revoke", why: "issue 28 item 7a: a revoked key's message waiting in the process starts after the revocation returned"},
-	{name: "crashCount", why: "issue 28 items 3 and 9: a message that kills its process is dead-lettered within MaxAttempts+1 runs"},
-	{name: "unrunDead", why: "issue 28 item 9: a message whose count lost leases used up is dead-lettered without a run of its own (seed 75 of 1,000: m002, HoldChains, its DeadLetter landing after m007 of its key started)"},
-	{name: "startCount", why: "with a StartRecorder, a message that lost a lease still runs at an attempt below its whole runs before (seed 172 of 1,000: m018 ran attempts 1, 2, then 2 again on the first instance after a Nack that timed out); not traced yet"},
-	{name: "closeCtx", why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own, and Close from a handler returns"},
+	{name: "loseOne", why: "issue 28 item 1: a lost lease of one delivery lets the key's later delivery run before the redelivered one (before bc42557: seeds 93, 254, 298, 391, 432 of 1,000; after it, still 172, 266, 286, 298, 364 of 3,000, lost leases reported per delivery or in a settlement's answer)"},
+	{name: "returner", why: "issue 28 item 2: a graceful stop forgets the attempts of a message waiting for an in-process retry (seeds 34, 38, 91, 266, 357: run 2 at attempt 1; 415, 435: a message failing every run dead-lettered after 4 and 6 runs, bound 3)"},
+	{name: "scribble", on: true, why: "issue 28 item 5: under HoldChains a retry in process shared the payload the handler wrote into; before 14600b7 seeds 27, 91, 162, 179, 211 failed with KEYORDER_MODEL_CLASSES=scribble, and seeds 44, 66 by default"},
+	{name: "batchPermanent", on: true, why: "issue 28 item 4: RunBatch ran a Permanent failure again when a batch mate's lease was lost during the run; before 14600b7 seeds 49, 287, 1312, 1893, 2610 failed with KEYORDER_MODEL_CLASSES=-closeCtx,-scribble (ran again on the same instance)"},
+	{name: "revoke", why: "issue 28 item 7a: a revoked key's message waiting in the process starts after the revocation returned (seeds 1014, 1220, 2196 of 3,000; seed 40 of 1,000 before bc42557)"},
+	{name: "crashCount", why: "issue 28 item 3: a message that kills its process is dead-lettered within MaxAttempts+1 runs (seeds 9, 12, 65, 146, 151: 5 to 8 runs under in-process hold, bound 4)"},
+	{name: "unrunDead", why: "issue 28 item 9: a message whose count lost leases used up is dead-lettered without a run of its own (seeds 25, 119, 624, 629 of 1,000; 172, 424, 624, 734, 756 of 3,000)"},
+	{name: "closeSlowCall", why: "issue 28 item 8, the rest: Close returns within 1 s of its context's end; it returned 4.3 s and 13.3 s late (seeds 3717 and 1968 by default, about once in 15,000 seeds; the first while a driver call that timed out was running, the second not traced)"},
+	{name: "settleLost", why: "under HoldChains, a DeadLetter whose answer says the head's lease was lost lets the subscriber run the rest of the chain; the head is redelivered and runs after them (by default before this class, seed 3859 of 5,000: m007 failed to its budget, its DeadLetter found the lease lost, m009 ran and was acknowledged, then m007 ran again and succeeded; seed 3421: the same after m011's lease ran out during stalled renewals; rare: about 1 run in 10,000 seeds, and a seed replays its scheduling only now and then)"},
+	{name: "startCount", why: "with a StartRecorder, a message that lost a lease runs at an attempt below its whole runs before (seed 172 of 1,000: m018 ran attempts 1, 2, then 2 again after a Nack that timed out); not traced yet"},
+	{name: "closeCtx", on: true, why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own; before 14600b7 seeds 14, 20, 61, 64, 68 failed with KEYORDER_MODEL_CLASSES=closeCtx, and seeds 4, 25, 31, 47 among others by default (Close returned 29 to 60 s after its 1-minute context ended)"},
 }
 
 // modelScenario is one drawn scenario.
@@ -97,6 +101,7 @@ type modelMsg struct {
 	permanent  bool
 	retryAfter bool
 	ignoreCtx  bool // its handler ignores its context (closeCtx)
+	slow       bool // its run takes longer than a renewal round
 	at         time.Duration
 }
 
@@ -177,6 +182,13 @@ func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 		// leaves the key's later deliveries lost unreported: item 1.
 		f.LoseOnSettle = 0
 	}
+	if c.HoldChains && !classes["settleLost"] {
+		// Under HoldChains a settlement that finds the head's lease
+		// lost (in its answer, or run out unnoticed) breaks the order:
+		// class settleLost. (classes, not use: the draws of every
+		// seed stay what they were.)
+		f.LoseOnSettle, f.StallRenewals, f.Timeout = 0, 0, 0
+	}
 	sc.scribble = use("scribble")
 
 	keys := []string{"a", "b", "c", "d"}[:1+r.IntN(4)]
@@ -201,6 +213,17 @@ func drawModelScenario(seed uint64, classes map[string]bool) *modelScenario {
 		}
 		m.at = at
 		sc.msgs = append(sc.msgs, m)
+	}
+	if use("batchPermanent") && sc.batch != nil && lossy {
+		// From a stream of its own (the other draws of a seed stay what
+		// they were): more Permanent failures, slower than a renewal
+		// round, so a batch mate's lease is lost while one runs.
+		pr := rand.New(rand.NewPCG(seed, 0x7065726d))
+		for _, m := range sc.msgs {
+			if m.key != "" && pr.IntN(6) == 0 {
+				m.permanent, m.fails, m.slow = true, 0, true
+			}
+		}
 	}
 	pick := func() *modelMsg {
 		for _, m := range sc.msgs {
@@ -267,14 +290,17 @@ type modelRun struct {
 }
 
 type modelLog struct {
-	mu      sync.Mutex
-	seq     uint64
-	runs    []*modelRun
-	open    map[int][]*modelRun // runs of each instance still going
-	dead    map[int]bool        // crashed instances
-	handed  map[string]int
-	deadAt  map[string]uint64 // when a DeadLetter took effect
-	crashed bool
+	mu     sync.Mutex
+	seq    uint64
+	runs   []*modelRun
+	open   map[int][]*modelRun // runs of each instance still going
+	dead   map[int]bool        // crashed instances
+	handed map[string]int
+	deadAt map[string]uint64 // when a DeadLetter took effect
+	// deadTried: when a DeadLetter call for the message was first made
+	// (landed or not).
+	deadTried map[string]uint64
+	crashed   bool
 }
 
 func (l *modelLog) begin(inst int, d *keyorder.Delivery, want string, stale bool) *modelRun {
@@ -304,12 +330,11 @@ func (l *modelLog) finish(r *modelRun, outcome string) {
 	l.open[r.inst] = slices.DeleteFunc(l.open[r.inst], func(o *modelRun) bool { return o == r })
 }
 
-// kill ends every run of inst now, as its process dies.
+// kill ends every run of inst now, as its process dies or exits.
 func (l *modelLog) kill(inst int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dead[inst] = true
-	l.crashed = true
 	for _, r := range l.open[inst] {
 		l.seq++
 		r.end, r.outcome = l.seq, "killed"
@@ -336,10 +361,12 @@ func TestPropertyPromiseUnderModelBroker(t *testing.T) {
 	}
 	if s := os.Getenv("KEYORDER_MODEL_CLASSES"); s != "" {
 		for _, name := range strings.Split(s, ",") {
+			on := !strings.HasPrefix(name, "-") // -name turns a class off
+			name = strings.TrimPrefix(name, "-")
 			if !slices.ContainsFunc(modelClasses, func(c modelClass) bool { return c.name == name }) {
 				t.Fatalf("KEYORDER_MODEL_CLASSES: no class %q", name)
 			}
-			classes[name] = true
+			classes[name] = on
 		}
 	}
 	n := 1000
@@ -383,15 +410,31 @@ type modelInst struct {
 }
 
 func runModelScenario(t *testing.T, sc *modelScenario) {
-	log := &modelLog{open: map[int][]*modelRun{}, dead: map[int]bool{}, handed: map[string]int{}, deadAt: map[string]uint64{}}
+	log := &modelLog{open: map[int][]*modelRun{}, dead: map[int]bool{}, handed: map[string]int{}, deadAt: map[string]uint64{}, deadTried: map[string]uint64{}}
 	cfg := sc.cfg
-	cfg.Settled = func(op, id string) {
+	var trace []string
+	cfg.Trace = func(e string) {
+		log.mu.Lock()
+		trace = append(trace, fmt.Sprintf("  @%d %v %s", log.seq, time.Now().Format("15:04:05.000"), e))
+		log.mu.Unlock()
+	}
+	defer func() {
+		if t.Failed() && os.Getenv("KEYORDER_MODEL_TRACE") != "" {
+			t.Logf("broker trace:\n%s", strings.Join(trace, "\n"))
+		}
+	}()
+	cfg.Settled = func(op, id string, took bool) {
 		if op != "dead-letter" {
 			return
 		}
 		log.mu.Lock()
 		log.seq++
-		log.deadAt[id] = log.seq
+		if took {
+			log.deadAt[id] = log.seq
+		}
+		if log.deadTried[id] == 0 {
+			log.deadTried[id] = log.seq
+		}
 		log.mu.Unlock()
 	}
 	b, err := model.New(&cfg)
@@ -434,7 +477,10 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 	nextIdx := 0
 	crashes := make(chan *modelInst, 64)
 
+	var handlers sync.WaitGroup // a handler ignoring its context outlives Close
 	runOne := func(ctx context.Context, in *modelInst, d *keyorder.Delivery) error {
+		handlers.Add(1)
+		defer handlers.Done()
 		m := byID[d.ID]
 		run := log.begin(in.idx, d, m.id, !in.mi.Holds(d.ID))
 		if run == nil {
@@ -444,15 +490,27 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 			defer copy(d.Payload, "SCRIB")
 		}
 		if m.killer {
+			log.mu.Lock()
+			log.crashed = true
+			log.mu.Unlock()
 			log.kill(in.idx)
 			in.mi.Crash()
 			crashes <- in
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		if w := work(); w > 0 {
+		w := work()
+		if m.slow {
+			w = 5 * time.Second
+		}
+		if w > 0 {
 			if m.ignoreCtx {
 				time.Sleep(2 * time.Minute)
+			} else if m.slow {
+				// Its decision does not depend on its context: it
+				// fails permanently even when a batch mate's lease
+				// was lost meanwhile.
+				time.Sleep(w)
 			} else {
 				select {
 				case <-ctx.Done():
@@ -529,9 +587,16 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		defer cancel()
 		began := time.Now()
 		err := in.s.Close(ctx)
+		// Close may overrun its context by up to 20 s by default: the
+		// overruns of up to 13 s still seen are class closeSlowCall's
+		// (before 14600b7 it overran by 29 to 60 s).
+		slack := time.Second
+		if !sc.classes["closeSlowCall"] {
+			slack += 20 * time.Second
+		}
 		switch {
-		case time.Since(began) > time.Minute+time.Second:
-			t.Errorf("instance %d: Close returned %v after its 1-minute context ended", in.idx, time.Since(began)-time.Minute)
+		case time.Since(began) > time.Minute+slack:
+			t.Errorf("%s\ninstance %d: Close returned %v after its 1-minute context ended", sc, in.idx, time.Since(began)-time.Minute)
 		case !crashed && err != nil && !(sc.classes["closeCtx"] && errors.Is(err, context.DeadlineExceeded)):
 			t.Errorf("instance %d: Close: %v", in.idx, err)
 		}
@@ -543,8 +608,14 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		case <-time.After(10 * time.Minute):
 			t.Errorf("instance %d: Run did not return 10 minutes after Close", in.idx)
 		}
+		// The process exits: a handler that ignored its context and
+		// still runs ends with it.
+		log.kill(in.idx)
 	}
 	crash := func(in *modelInst) {
+		log.mu.Lock()
+		log.crashed = true
+		log.mu.Unlock()
 		log.kill(in.idx)
 		in.mi.Crash()
 		stop(in, true)
@@ -624,6 +695,10 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 	}
 	close(crashes)
 	<-supervised
+	handlers.Wait()
+	// A Close cut short by its context leaves settlement retries behind
+	// (30 s at most); the bubble must not end before them.
+	time.Sleep(time.Minute)
 	checkModelScenario(t, sc, b, log)
 }
 
@@ -638,6 +713,10 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 		dead[dl.Message.ID] = dl
 	}
 	lost := b.LostLeases()
+	byMsg := map[string]*modelMsg{}
+	for _, m := range sc.msgs {
+		byMsg[m.id] = m
+	}
 	runsOf := map[string][]*modelRun{}
 	for _, r := range log.runs {
 		runsOf[r.id] = append(runsOf[r.id], r)
@@ -701,6 +780,19 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 		if isDead && len(runs) == 0 && sc.classes["unrunDead"] {
 			bad("%s: dead-lettered without a run of its own", m.id)
 		}
+		if m.permanent && lost[m.id] == 0 {
+			// One decision, one outcome: a Permanent failure is not run
+			// again by the process that saw it (issue 28 item 4).
+			seen := map[int]bool{}
+			for _, r := range runs {
+				if r.outcome == "permanent" && seen[r.inst] {
+					bad("%s: failed permanently and ran again on instance %d", m.id, r.inst)
+				}
+				if r.outcome == "permanent" {
+					seen[r.inst] = true
+				}
+			}
+		}
 		if m.permanent && !isDead {
 			bad("%s: failed permanently but was not dead-lettered", m.id)
 		}
@@ -726,7 +818,10 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 				// first still runs, or run a copy it no longer holds: no
 				// consumer can prevent it, so across instances that
 				// overlap is allowed.
-				if p.end > runs[i].start && (p.inst == runs[i].inst || lost[p.id] == 0 && !p.stale && !runs[i].stale) {
+				// So does a handler that ignores its cancelled context
+				// (closeCtx) past its lease.
+				ignores := byMsg[p.id].ignoreCtx || byMsg[runs[i].id].ignoreCtx
+				if p.end > runs[i].start && (p.inst == runs[i].inst || lost[p.id] == 0 && !p.stale && !runs[i].stale && !ignores) {
 					bad("key %s: %s (attempt %d, instance %d) started while %s (attempt %d, instance %d) ran", key, runs[i].id, runs[i].attempt, runs[i].inst, p.id, p.attempt, p.inst)
 				}
 			}
@@ -746,17 +841,30 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 				// Dead-lettered: by its budget with its last run (the
 				// decision; the DeadLetter call may land later), or unrun
 				// when the call took effect.
+				// Dead-lettered: by its budget or its own Permanent, with
+				// the last run that started before the call landed (the
+				// decision; the call may land later), or unrun, when the
+				// call landed. A run starting after that is a duplicate.
 				at := log.deadAt[earlier.id]
-				if len(ers) > 0 && at != 0 {
-					at = ers[len(ers)-1].end
-				} else if !sc.classes["unrunDead"] {
-					at = 0 // dead-lettered unrun: checked by that class
+				for k := len(ers) - 1; at != 0 && k >= 0; k-- {
+					if ers[k].start < at {
+						at = min(at, ers[k].end)
+						break
+					}
+				}
+				if tried := log.deadTried[earlier.id]; !sc.classes["unrunDead"] && tried != 0 && (len(ers) == 0 || tried < ers[0].start) {
+					// Dead-lettered unrun (its call may land late, or
+					// not at all and it runs later): that class checks it.
+					continue
 				}
 				if at != 0 && (resolved == 0 || at < resolved) {
 					resolved = at
 				}
 				if resolved == 0 {
 					continue
+				}
+				if earlier.ignoreCtx {
+					continue // its run may outlive its lease (closeCtx)
 				}
 				for _, r := range runsOf[m.id] {
 					if r.start < resolved && !r.stale {

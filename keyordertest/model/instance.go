@@ -219,12 +219,14 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 // whose lease is gone makes the call answer ErrLeaseLost.
 func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, fn func(l *lease, now time.Time)) error {
 	effect, err := i.call(ctx, op)
-	if !effect {
-		return err
-	}
 	b := i.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !effect {
+		b.trace("%s of %d messages from instance %d failed without effect: %v", op, len(ms), i.id, err)
+		b.settledNot(op, ms)
+		return err
+	}
 	now := time.Now()
 	b.expire(now)
 	if len(ms) > 0 && b.chance(b.cfg.Faults.LoseOnSettle) {
@@ -239,8 +241,11 @@ func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, 
 			if lost == nil {
 				lost = fmt.Errorf("%s %s: %w", op, m.ID, ErrLeaseLost)
 			}
+			b.trace("%s of %s from instance %d: lease lost", op, m.ID, i.id)
+			b.settledNot(op, []*driver.Message{m})
 			continue
 		}
+		b.trace("%s of %s from instance %d", op, m.ID, i.id)
 		fn(l, now)
 	}
 	b.signal()
@@ -248,6 +253,16 @@ func (i *Instance) settle(ctx context.Context, op string, ms []*driver.Message, 
 		return err
 	}
 	return lost
+}
+
+// settledNot tells the Settled hook that op did not take effect for ms;
+// b.mu is held.
+func (b *Broker) settledNot(op string, ms []*driver.Message) {
+	if f := b.cfg.Settled; f != nil && (op == "ack" || op == "dead-letter") {
+		for _, m := range ms {
+			f(op, m.ID, false)
+		}
+	}
 }
 
 // live returns m's lease if this instance still holds it; b.mu is held.
@@ -267,7 +282,7 @@ func (i *Instance) Ack(ctx context.Context, ms []*driver.Message) error {
 			l.r.acked = true
 			i.b.ackedIDs[l.r.msg.ID] = true
 			if f := i.b.cfg.Settled; f != nil {
-				f("ack", l.r.msg.ID)
+				f("ack", l.r.msg.ID, true)
 			}
 		}
 	})
@@ -290,9 +305,25 @@ func (i *Instance) Nack(ctx context.Context, m *driver.Message, delay time.Durat
 }
 
 // Release implements driver.Subscription: the messages are deliverable
-// again at once, uncounted.
+// again at once, uncounted. Without NativeHold and with
+// Faults.LoseWithLater, the instance's later deliveries of their keys go
+// back with them, unreported (as a Pub/Sub nack redelivers a key's later
+// messages); without LoseWithLater they stay leased.
 func (i *Instance) Release(ctx context.Context, ms []*driver.Message) error {
-	return i.settle(ctx, "release", ms, func(l *lease, _ time.Time) { i.b.drop(l) })
+	return i.settle(ctx, "release", ms, func(l *lease, _ time.Time) {
+		b := i.b
+		b.drop(l)
+		if b.cfg.NativeHold || !b.cfg.Faults.LoseWithLater || l.dup || l.r.msg.Key == "" {
+			return
+		}
+		for _, o := range b.recs[l.r.seq+1:] {
+			if o.msg.Key == l.r.msg.Key && o.lease != nil && o.lease.inst == i {
+				b.trace("lease of %s (instance %d) released with %s", o.msg.ID, i.id, l.r.msg.ID)
+				b.drop(o.lease)
+				o.lost++ // uncounted: taken back unreported
+			}
+		}
+	})
 }
 
 // ExtendLeases implements driver.Subscription.
@@ -340,7 +371,7 @@ func (i *Instance) DeadLetter(ctx context.Context, m *driver.Message, reason str
 			r.dead = true
 			i.b.dead = append(i.b.dead, driver.DeadLetter{Message: r.msg, Reason: reason, Attempts: attempts, DeadAt: now})
 			if f := i.b.cfg.Settled; f != nil {
-				f("dead-letter", r.msg.ID)
+				f("dead-letter", r.msg.ID, true)
 			}
 		}
 	})

@@ -55,12 +55,18 @@ type Config struct {
 	StartRecorder, Returner, Revocable bool
 	// Faults sets how often each fault happens.
 	Faults Faults
-	// Settled, when set, is called as an Ack ("ack") or a DeadLetter
-	// ("dead-letter") of a message takes effect, with the message's ID,
-	// under the broker's lock: it must not call the broker. A test stamps
-	// its history with it (a message dead-lettered unrun is resolved
-	// then).
-	Settled func(op, id string)
+	// Settled, when set, is called for each message of each Ack ("ack")
+	// and DeadLetter ("dead-letter") call, with the message's ID and
+	// whether the call took effect for it (false: an injected failure, or
+	// its lease was gone). It runs under the broker's lock and must not
+	// call the broker. A test stamps its history with it: a message
+	// dead-lettered unrun is resolved when the call lands, and one whose
+	// call did not land comes back.
+	Settled func(op, id string, took bool)
+	// Trace, when set, is told each thing the broker does (a delivery, a
+	// lost lease, a settlement), in words, under the broker's lock: it
+	// must not call the broker. A failing test prints it.
+	Trace func(event string)
 }
 
 // Faults are the probabilities of the faults a model broker draws. Each is
@@ -76,10 +82,10 @@ type Faults struct {
 	// LoseWithLater: without NativeHold, a lost lease also takes back the
 	// later deliveries of its key held by the same instance (redelivered
 	// after it, as Pub/Sub does). A renewal reports them lost in the
-	// same answer; a settlement or an expiry leaves them unreported until
-	// they are renewed or settled. Without it a lease is lost alone, per
-	// delivery: a key's earlier message is redelivered while its later
-	// ones stay leased.
+	// same answer; a settlement, a Release or an expiry leaves them
+	// unreported until they are renewed or settled. Without it a lease is
+	// lost (or a message released) alone, per delivery: a key's earlier
+	// message is redelivered while its later ones stay leased.
 	LoseWithLater bool
 	// Fail is, per call (Receive, Ack, Nack, Release, ExtendLeases,
 	// DeadLetter), the chance that it fails retryably without effect;
@@ -209,6 +215,13 @@ func (b *Broker) Capabilities() driver.Capabilities {
 	}
 }
 
+// trace reports an event to Config.Trace; b.mu is held.
+func (b *Broker) trace(format string, args ...any) {
+	if b.cfg.Trace != nil {
+		b.cfg.Trace(fmt.Sprintf(format, args...))
+	}
+}
+
 // signal wakes waiting receivers; b.mu is held.
 func (b *Broker) signal() {
 	close(b.changed)
@@ -254,17 +267,26 @@ func (b *Broker) expire(now time.Time) {
 		}
 	}
 	slices.SortFunc(gone, func(x, y *lease) int { return int(x.id - y.id) })
-	for _, l := range gone {
+	// Decided for all before any is taken back: taking one back changes
+	// which is a key's first.
+	counted := make([]bool, len(gone))
+	for k, l := range gone {
+		counted[k] = b.lostCounts(l)
+	}
+	for k, l := range gone {
 		if b.leases[l.id] == l {
-			b.lose(l)
+			b.loseCounted(l, counted[k])
 		}
 	}
 }
 
 // lose takes l back: its message is deliverable again, counting the
 // attempt when it may have been running; b.mu is held.
-func (b *Broker) lose(l *lease) {
-	counted := b.lostCounts(l)
+func (b *Broker) lose(l *lease) { b.loseCounted(l, b.lostCounts(l)) }
+
+// loseCounted is lose with the count decided; b.mu is held.
+func (b *Broker) loseCounted(l *lease, counted bool) {
+	b.trace("lease of %s (instance %d) lost, counted %v", l.r.msg.ID, l.inst.id, counted && !l.dup)
 	b.drop(l)
 	r := l.r
 	if l.dup {
@@ -277,6 +299,7 @@ func (b *Broker) lose(l *lease) {
 	if !b.cfg.NativeHold && b.cfg.Faults.LoseWithLater && r.msg.Key != "" {
 		for _, o := range b.recs[r.seq+1:] {
 			if o.msg.Key == r.msg.Key && o.lease != nil && o.lease.inst == l.inst {
+				b.trace("lease of %s (instance %d) lost with %s", o.msg.ID, l.inst.id, r.msg.ID)
 				b.drop(o.lease)
 				o.lost++ // uncounted: it may not have been running
 			}
@@ -435,6 +458,7 @@ func (b *Broker) lend(inst *Instance, r *rec, dup bool, now time.Time) *driver.M
 	m.Copy = r
 	l.msg = &m
 	b.leases[l.id] = l
+	b.trace("%s delivered to instance %d, attempt %d, duplicate %v", r.msg.ID, inst.id, m.Attempt, dup)
 	if !dup {
 		r.lease = l
 	}
