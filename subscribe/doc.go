@@ -10,10 +10,10 @@
 //
 // A subscription receives what is published after it exists; nothing
 // published before is promised to it (SQS and Pulsar may deliver some; do
-// not rely on it). Open the Subscriber (on backends that create the
-// subscription on open: mem://, Pub/Sub, Pulsar, PostgreSQL with
-// create=true) or create the subscription before the first publish; see the
-// package's examples.
+// not rely on it; a new Kafka group starts at the topic's oldest record).
+// Open the Subscriber (on backends that create the subscription on open:
+// mem://, Pub/Sub, Pulsar, PostgreSQL with create=true) or create the
+// subscription before the first publish; see the package's examples.
 //
 // # Ordering
 //
@@ -32,7 +32,7 @@
 //
 // # Held keys
 //
-// Where the process holds groups (no native hold: Pub/Sub, Pulsar, a
+// Where the process holds groups (no native hold: Pub/Sub, Pulsar, Kafka, a
 // memory subscription with Hold InProcess) the broker goes on streaming a
 // held key's later messages: those brokers hand over a key's messages
 // whether or not its earlier ones are settled. They wait in process

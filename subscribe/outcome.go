@@ -41,6 +41,10 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	end, err := s.call(hctx, h, it)
 	cut := s.endAttempt(ctx, hctx, run)
+	if s.abandoned.Load() {
+		// Run returned without waiting for it (Close's deadline).
+		return lanes.Done()
+	}
 	ends := [1]func(Outcome, error){end}
 	_, r = s.decide(ctx, run, ends[:], 0, err, cut)
 	return r
@@ -66,6 +70,13 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			// The broker redelivers it.
 			s.cut(its[k:])
 			break
+		}
+		if aside, back := s.behindBarrier(it); aside {
+			// Its key waits for a lost message's redelivery.
+			continue
+		} else if len(back) > 0 {
+			// It is that redelivery: what waited goes back behind it.
+			s.cut(back)
 		}
 		if s.acked.has(it.m.ID) {
 			// A redelivery of a message this process acknowledged,
@@ -112,6 +123,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		hctx = new(attemptCtx)
 	}
 	hctx.parent = ctx
+	hctx.begun = time.Since(s.born)
+	hctx.begin(s, run)
 	for _, it := range run {
 		it.mu.Lock()
 		it.hctx = hctx
@@ -150,6 +163,13 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		i = len(run)
 	}
 	for k, it := range run[:i] {
+		if it.fenced.Load() {
+			// The driver refused its settlement in the handler (the
+			// lease was lost): whoever holds it now settles it.
+			observed(ends[k], OutcomeLeaseLost, nil)
+			s.drop(it)
+			continue
+		}
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
@@ -179,9 +199,15 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		s.cut(run[i:])
 		return nil, lanes.Done()
 	}
-	if leaseCut {
+	var perm *keyorder.PermanentError
+	permanent := errors.As(cause, &perm)
+	if leaseCut && !permanent {
 		// Cancelled because a later member's lease was lost (this one's
-		// is not): not its fault, so no attempt counts. The members
+		// is not): not its fault, so no attempt counts. (A Permanent
+		// failure is the handler's decision about this member, made
+		// whatever cancelled the attempt: it is dead-lettered below, as
+		// under Run, and the lost members behind it are dropped when the
+		// rest runs.) The members
 		// before the first lost one still hold their leases: they run
 		// again in process, first, keeping their place at the head of the
 		// key (WaitAt), since the broker redelivers the lost one (and,
@@ -200,10 +226,9 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		}
 		return run[i:k], lanes.WaitAt(time.Time{})
 	}
-	var perm *keyorder.PermanentError
 	dead := ""
 	switch {
-	case errors.As(cause, &perm):
+	case permanent:
 		dead = cause.Error()
 	case it.attempt >= s.cfg.Retry.MaxAttempts:
 		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
@@ -374,6 +399,7 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 		d = new(keyorder.Delivery)
 	}
 	it.called = true
+	it.dp = d
 	*d = keyorder.Delivery{
 		Message: keyorder.Message{
 			ID: m.ID, Key: m.Key, Payload: payload, Headers: headers, NotBefore: m.NotBefore,
@@ -387,12 +413,13 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 
 // copiesPayload reports whether each attempt gets its own copy of a
 // message's payload. The message may be handed to a handler again (a
-// retry held in process; the rest of a batch, handed again after one of
+// retry held in process, on a broker without native hold or a chain
+// member under HoldChains; the rest of a batch, handed again after one of
 // its messages settled), and what a handler writes into its payload must
 // never reach a later attempt. Otherwise the driver's bytes are the
 // delivery's own already.
 func (s *Subscriber) copiesPayload() bool {
-	return !s.caps.NativeHold || s.batcher != nil
+	return !s.caps.NativeHold || s.caps.HoldChains || s.batcher != nil
 }
 
 // payloadChunk is how many bytes of first attempts' payload copies one

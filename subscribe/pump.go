@@ -21,11 +21,15 @@ type item struct {
 	attempt int
 	chain   *chain
 	seq     uint64 // receive order
-	lost    atomic.Bool
 	// key is the in-process group (lane key): the broker's key, refined
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string
 
+	lost atomic.Bool // beside the flags below: no padding between them
+	// fenced: the driver found its lease lost while the handler ran
+	// (driver.Attempt.LeaseLost): it is not settled even if the handler
+	// succeeds, since another consumer may hold it now.
+	fenced atomic.Bool
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
@@ -56,6 +60,9 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// dp is the Delivery of the attempt running (or last run): how
+	// driver.Attempt.Message finds the member of a Delivery.
+	dp *keyorder.Delivery
 	// first is the payload of the first attempt, copied at receive where
 	// each attempt gets its own copy (see Subscriber.delivery); taken by
 	// that attempt.

@@ -102,7 +102,7 @@ func TestRestartRedeliversOnlyIncomplete(t *testing.T) {
 	}
 	o, _ := offs.Lookup(topicName, 0)
 	t.Logf("committed offset %d, metadata %q", o.At, o.Metadata)
-	if o.At != 0 || !strings.HasPrefix(o.Metadata, "ko1.") {
+	if o.At != 0 || !strings.HasPrefix(o.Metadata, "ko2.") {
 		t.Errorf("committed %d %q, want offset 0 with the driver's metadata", o.At, o.Metadata)
 	}
 	s2, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)

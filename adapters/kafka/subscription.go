@@ -33,6 +33,10 @@ const (
 	// MaxMetadataBytesDefault is the longest commit metadata the driver writes
 	// (the broker's offset.metadata.max.bytes defaults to 4096).
 	MaxMetadataBytesDefault = 4000
+	// MetadataBytesMin is the smallest MaxMetadataBytes accepted: room for
+	// the format prefix and a few attempt counts and done runs. Below it a
+	// partition could carry nothing above its committed offset.
+	MetadataBytesMin = 64
 	// CommitIntervalDefault is how often completed offsets are committed.
 	CommitIntervalDefault = time.Second
 	// RevokeTimeoutDefault bounds the wait for a revoked partition's
@@ -57,8 +61,10 @@ type SubscriptionOptions struct {
 	// committed offset and the last one handed out before the driver stops
 	// handing out more of it. Defaults to MaxPendingDefault.
 	MaxPending int
-	// MaxMetadataBytes bounds the commit metadata. Defaults to
-	// MaxMetadataBytesDefault.
+	// MaxMetadataBytes bounds the commit metadata, at most the broker's
+	// offset.metadata.max.bytes and at least MetadataBytesMin (a smaller
+	// or negative value fails the open with a *MetadataLimitError).
+	// Defaults to MaxMetadataBytesDefault.
 	MaxMetadataBytes int
 	// CommitInterval is how often completed offsets are committed.
 	// Defaults to CommitIntervalDefault.
@@ -79,6 +85,28 @@ type SubscriptionOptions struct {
 	ClientOptions []kgo.Opt
 	// Logger receives the driver's warnings. Defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// MetadataLimitError reports a SubscriptionOptions.MaxMetadataBytes below
+// MetadataBytesMin. It matches keyorder.ErrInvalidConfig with errors.Is.
+type MetadataLimitError struct {
+	// Got is the value given.
+	Got int
+}
+
+func (e *MetadataLimitError) Error() string {
+	return fmt.Sprintf("kafka: MaxMetadataBytes %d is below the minimum %d (the commit metadata could carry no attempt counts)", e.Got, MetadataBytesMin)
+}
+
+// Is reports whether target is keyorder.ErrInvalidConfig.
+func (e *MetadataLimitError) Is(target error) bool { return target == keyorder.ErrInvalidConfig }
+
+// validate reports options that no default can stand in for.
+func (o *SubscriptionOptions) validate() error {
+	if o != nil && o.MaxMetadataBytes != 0 && o.MaxMetadataBytes < MetadataBytesMin {
+		return &MetadataLimitError{Got: o.MaxMetadataBytes}
+	}
+	return nil
 }
 
 func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
@@ -152,7 +180,8 @@ type partState struct {
 type delivery struct {
 	ps       *partState
 	off      int64
-	prior    int // attempts counted before this delivery
+	prior    int   // attempts counted before this delivery
+	due      int64 // when a retry given back before was due (Unix ms), 0 if none
 	started  atomic.Bool
 	deadline time.Time // guarded by the subscription's mu
 	settled  bool
@@ -183,11 +212,14 @@ type subscriptionDriver struct {
 	live    map[*delivery]struct{}
 
 	commitMu sync.Mutex
-	prodOnce sync.Once
-	prod     *kgo.Client // dead letters, redrive
-	prodErr  error
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// sendCommit sends an offset commit (sendCommit; a recorder in unit
+	// tests).
+	sendCommit func(context.Context, *generation, *kmsg.OffsetCommitRequest) (*kmsg.OffsetCommitResponse, error)
+	prodOnce   sync.Once
+	prod       *kgo.Client // dead letters, redrive
+	prodErr    error
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 var (
@@ -211,6 +243,9 @@ var (
 func openSubscription(ctx context.Context, topic, group string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
 	if topic == "" || group == "" {
 		return nil, fmt.Errorf("%w: kafka.OpenSubscription: empty topic or group", keyorder.ErrInvalidConfig)
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	o := opts.withDefaults()
 	s := &subscriptionDriver{
@@ -426,14 +461,14 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	// counts.
 	s.mu.Lock()
 	n := 0
-	extra := map[*partState]map[int64]int{}
+	extra := map[*partState]map[int64]mark{}
 	for d := range s.live {
 		if slices.Contains(states, d.ps) {
 			if d.started.Load() {
 				if extra[d.ps] == nil {
-					extra[d.ps] = map[int64]int{}
+					extra[d.ps] = map[int64]mark{}
 				}
-				extra[d.ps][d.off] = d.prior + 1
+				extra[d.ps][d.off] = mark{n: d.prior + 1}
 			}
 			d.lost = true
 			delete(s.live, d)
@@ -447,7 +482,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	}
 	if graceful {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(cctx, g, states, extra); err != nil {
+		if err := s.commit(cctx, g, states, extra, true); err != nil {
 			s.opts.Logger.Warn("keyorder: kafka: commit on revocation failed; records may be redelivered",
 				"topic", s.topic, "group", s.group, "err", err)
 		}
@@ -598,7 +633,7 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 		if skip {
 			st.dirty = true
 		} else {
-			d.prior = prior
+			d.prior, d.due = prior.n, prior.due
 			st.inflight++
 			s.live[d] = struct{}{}
 			out = append(out, s.message(r, d))
@@ -671,6 +706,13 @@ func (s *subscriptionDriver) message(r *kgo.Record, d *delivery) *driver.Message
 	m := fromRecord(r)
 	m.AckID = d
 	m.Attempt = d.prior + 1
+	if d.due > 0 {
+		// A retry given back at a graceful stop (Return) is held until
+		// it was due, as a not-before time is.
+		if due := time.UnixMilli(d.due); due.After(m.NotBefore) {
+			m.NotBefore = due
+		}
+	}
 	m.Copy = position{r.Partition, r.Offset}
 	return m
 }
@@ -836,7 +878,7 @@ func (s *subscriptionDriver) watchdog() {
 		}
 		g.expired = true
 		s.gen = nil
-		extra := map[*partState]map[int64]int{}
+		extra := map[*partState]map[int64]mark{}
 		var states []*partState
 		for _, st := range g.parts {
 			states = append(states, st)
@@ -847,9 +889,9 @@ func (s *subscriptionDriver) watchdog() {
 			}
 			if d.started.Load() {
 				if extra[d.ps] == nil {
-					extra[d.ps] = map[int64]int{}
+					extra[d.ps] = map[int64]mark{}
 				}
-				extra[d.ps][d.off] = d.prior + 1
+				extra[d.ps][d.off] = mark{n: d.prior + 1}
 			}
 			d.lost = true
 			delete(s.live, d)
@@ -859,7 +901,7 @@ func (s *subscriptionDriver) watchdog() {
 		s.opts.Logger.Warn("keyorder: kafka: a lease ran out; leaving the group so that it moves this member's partitions",
 			"topic", s.topic, "group", s.group, "expired", expired)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(ctx, g, states, extra); err != nil {
+		if err := s.commit(ctx, g, states, extra, true); err != nil {
 			s.opts.Logger.Warn("keyorder: kafka: commit before leaving failed", "err", err)
 		}
 		cancel()
@@ -878,32 +920,44 @@ func (s *subscriptionDriver) committer() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		g := s.gen
-		var states []*partState
-		if g != nil {
-			for _, st := range g.parts {
-				if st.dirty && !st.revoking {
-					states = append(states, st)
-				}
-			}
-		}
-		s.mu.Unlock()
+		g, states := s.dirtyStates()
 		if len(states) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(ctx, g, states, nil); err != nil && !errors.Is(err, kgo.ErrClientClosed) {
+		if err := s.commit(ctx, g, states, nil, false); err != nil && !errors.Is(err, kgo.ErrClientClosed) {
 			s.opts.Logger.Debug("keyorder: kafka: commit failed; retried on the next tick", "err", err)
 		}
 		cancel()
 	}
 }
 
+// dirtyStates returns the live member and its partitions with completions
+// not committed yet (the committer's pick, made outside commitMu).
+func (s *subscriptionDriver) dirtyStates() (*generation, []*partState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gen
+	var states []*partState
+	if g != nil {
+		for _, st := range g.parts {
+			if st.dirty && !st.revoking {
+				states = append(states, st)
+			}
+		}
+	}
+	return g, states
+}
+
 // commit commits the offset maps of states (attempts of extra added) as
 // member of g. Commits are serialized, so a later one never lands before
-// an earlier one.
-func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states []*partState, extra map[*partState]map[int64]int) error {
+// an earlier one. A commit that does not give the partitions up (final
+// false: the committer's) re-checks under the lock that g still owns
+// each partition and is not revoking it: the committer picks its
+// partitions before taking the lock, and a revocation (or the watchdog)
+// that commits meanwhile writes the attempt counts of what it takes
+// back; a commit computed before it must not land after it.
+func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states []*partState, extra map[*partState]map[int64]mark, final bool) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	type part struct {
@@ -917,15 +971,18 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		if !st.fetched || st.om.base < 0 {
 			continue
 		}
+		if !final && (st.revoking || g.expired || g.parts[st.p] != st || s.gen != g) {
+			continue
+		}
 		att := extra[st]
 		// Carry the attempts counted before for records in flight.
 		for _, e := range st.om.live() {
-			if e.d != nil && e.d.prior > 0 {
+			if e.d != nil && (e.d.prior > 0 || e.d.due > 0) {
 				if att == nil {
-					att = map[int64]int{}
+					att = map[int64]mark{}
 				}
 				if _, ok := att[e.off]; !ok {
-					att[e.off] = e.d.prior
+					att[e.off] = mark{e.d.prior, e.d.due}
 				}
 			}
 		}
@@ -940,11 +997,8 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 	if len(parts) == 0 {
 		return nil
 	}
-	member, gen := g.cl.GroupMetadata()
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group = s.group
-	req.Generation = gen
-	req.MemberID = member
 	rt := kmsg.NewOffsetCommitRequestTopic()
 	rt.Topic = s.topic
 	rt.TopicID = s.topicID
@@ -958,7 +1012,11 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, g.cl)
+	send := s.sendCommit
+	if send == nil {
+		send = sendCommit
+	}
+	resp, err := send(ctx, g, req)
 	if err == nil {
 		for _, t := range resp.Topics {
 			for _, p := range t.Partitions {
@@ -981,6 +1039,12 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		return fmt.Errorf("kafka: commit %s of %s: %w", s.group, s.topic, err)
 	}
 	return nil
+}
+
+// sendCommit sends req as member of g.
+func sendCommit(ctx context.Context, g *generation, req *kmsg.OffsetCommitRequest) (*kmsg.OffsetCommitResponse, error) {
+	req.MemberID, req.Generation = g.cl.GroupMetadata()
+	return req.RequestWith(ctx, g.cl)
 }
 
 // Capabilities: the subscription's policy, no native hold, the driver's
