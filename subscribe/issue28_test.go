@@ -7,6 +7,7 @@ package subscribe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -283,6 +284,106 @@ func TestCloseFromHandler(t *testing.T) {
 				}
 				if err := s.Close(context.Background()); !errors.Is(err, keyorder.ErrClosed) {
 					t.Errorf("second Close = %v, want ErrClosed", err)
+				}
+			})
+		})
+	}
+}
+
+// reportsLost reports one message's lease lost at the next renewal, once,
+// while the broker still leases it and every other: as Pub/Sub, which
+// keeps a deadline per delivery, may report one delivery of a key lost
+// while a later one of the key is still leased.
+type reportsLost struct {
+	driver.Subscription
+	mu sync.Mutex
+	id string
+}
+
+func (r *reportsLost) lose(id string) {
+	r.mu.Lock()
+	r.id = id
+	r.mu.Unlock()
+}
+
+func (r *reportsLost) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
+	lost, err := r.Subscription.ExtendLeases(ctx, ms)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		if r.id != "" && m.ID == r.id {
+			lost = append(lost, m)
+			r.id = ""
+		}
+	}
+	return lost, err
+}
+
+// TestLostLeaseAloneHoldsLaterMessagesOfItsKey: under in-process hold, when
+// the lease of k1 alone is lost while k2 (received after it) is still
+// leased, k2 does not run before k1's redelivery has run: the handler
+// starts k1, k1 (redelivered), then k2, under Run and RunBatch (MaxSize
+// 1). Before the fix: start k1@1, start k2@1, done k2, start k1@2.
+func TestLostLeaseAloneHoldsLaterMessagesOfItsKey(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		name := "Run"
+		if batch {
+			name = "RunBatch"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				drv := &reportsLost{Subscription: raw}
+				publishAll(t, w, "K", "k1", "k2")
+				var log startLog
+				var done []string
+				var mu sync.Mutex
+				handle := func(ctx context.Context, d *keyorder.Delivery) error {
+					log.add(fmt.Sprintf("%s@%d", d.ID, d.Attempt))
+					if d.ID == "k1" && d.Attempt == 1 {
+						drv.lose("k1")
+						<-ctx.Done()
+						return ctx.Err()
+					}
+					mu.Lock()
+					done = append(done, d.ID)
+					mu.Unlock()
+					return nil
+				}
+				s, err := subscribe.New(drv, &subscribe.Config{Logger: quiet, Batch: &subscribe.BatchConfig{MaxSize: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ran := make(chan error, 1)
+				go func() {
+					if batch {
+						ran <- s.RunBatch(context.Background(), func(ctx context.Context, ds []*keyorder.Delivery) error {
+							return handle(ctx, ds[0])
+						})
+					} else {
+						ran <- s.Run(context.Background(), handle)
+					}
+				}()
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				if err := s.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-ran; err != nil {
+					t.Fatal(err)
+				}
+				got := log.get()
+				if len(got) < 3 || got[0] != "k1@1" || got[1] != "k1@2" || got[2][:2] != "k2" {
+					t.Fatalf("handler starts %v; want k1@1, k1@2, then k2", got)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(done, []string{"k1", "k2"}) {
+					t.Fatalf("completions %v; want [k1 k2]", done)
 				}
 			})
 		})

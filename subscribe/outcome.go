@@ -71,6 +71,13 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			s.cut(its[k:])
 			break
 		}
+		if aside, back := s.behindBarrier(it); aside {
+			// Its key waits for a lost message's redelivery.
+			continue
+		} else if len(back) > 0 {
+			// It is that redelivery: what waited goes back behind it.
+			s.cut(back)
+		}
 		if s.acked.has(it.m.ID) {
 			// A redelivery of a message this process acknowledged,
 			// received before (or while) the original ran.

@@ -57,6 +57,9 @@ type Subscriber struct {
 	// holds is each key's one owner under holdKeys (see hold.go).
 	holds      map[string]*keyHold
 	holdsSpare []*keyHold
+	// lostKeys: the keys waiting for a lost message's redelivery (see
+	// lostkey.go).
+	lostKeys map[string]*barrier
 	// held counts the outstanding items that hold no flow-control token
 	// (item.held); while it is at Config.MaxHeld the pump does not
 	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
@@ -309,6 +312,9 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 			}
 		}
 		s.giveBack(live)
+	}
+	if aside := s.liftAllBarriers(); len(aside) > 0 {
+		s.cut(aside)
 	}
 	s.acks.close()
 	<-ackDone
