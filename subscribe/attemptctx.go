@@ -181,6 +181,9 @@ func (a *attempt) LeaseLost(ms []*driver.Message) {
 	s := c.sub
 	c.mu.Unlock()
 	slices.SortFunc(gone, func(a, b *item) int { return cmp.Compare(b.seq, a.seq) })
+	s.mu.Lock()
+	s.leaseLost(gone)
+	s.mu.Unlock()
 	for _, it := range gone {
 		it.fenced.Store(true)
 		if !it.lost.Swap(true) {
