@@ -33,10 +33,18 @@
 // Held keys and the oldest held message's age are tracked by this package
 // from the outcomes it sees: a message is held from its first retry outcome
 // until an ack or dead-letter outcome of the same message ID in this
-// process. That is exact where retries run in process (Pub/Sub, Pulsar, and
-// in-process holds); where the broker holds the key (PostgreSQL, SQS) the
+// process. That is exact where retries run in process (Pub/Sub, Pulsar,
+// Kafka, and in-process holds); where the broker holds the key (PostgreSQL, SQS) the
 // retry may be taken by another consumer, and the entry stays until
 // Config.MaxHeld entries push out the oldest or Config.HeldExpiry passes.
+//
+// # Dashboard and alerts
+//
+// The module ships a Grafana dashboard (kit/dashboard.json) and Prometheus
+// alerting rules (kit/alerts.yml) for these metrics under the names
+// OpenTelemetry's Prometheus exporter gives them (keyorder_held_keys,
+// keyorder_held_oldest_age_seconds, keyorder_dead_letters_total, ...); the
+// repository's docs/observability.md explains each threshold.
 package otelkeyorder
 
 import (

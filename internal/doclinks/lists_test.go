@@ -62,6 +62,8 @@ var notLists = []notList{
 	{"docs/operations.md", "What the held gauges measure", "the backends that hold keys in process"},
 	{"docs/testing.md", "`./integration/test.sh` starts every server the tests need", "PostgreSQL is named first, with its packaging"},
 	{"docs/watermill.md", "takes a topic URL template:", "three example templates"},
+	{"docs/observability.md", "That is exact where the consuming process holds keys", "the backends that hold keys in process"},
+	{"otelkeyorder/otelkeyorder.go", "That is exact where retries run in process", "the backends that hold keys in process"},
 	{"subscribe/doc.go", "Where the process holds groups", "the backends that hold keys in process"},
 	{"subscribe/doc.go", "Where the broker holds groups natively", "the backends that hold keys on the broker"},
 	{"subscribe/doc.go", "backends that create the subscription on open", "the backends that create a subscription on open"},
