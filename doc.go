@@ -3,8 +3,8 @@
 // receives, the header that carries the ordering key, and the errors.
 //
 // keyorder publishes and consumes messages in order per key on the broker a
-// team already runs — Google Cloud Pub/Sub, Amazon SQS FIFO, Apache Pulsar or a
-// native PostgreSQL queue — and keeps the same order inside the consuming
+// team already runs — Google Cloud Pub/Sub, Amazon SQS FIFO, Apache Pulsar,
+// Apache Kafka, NATS JetStream or a native PostgreSQL queue — and keeps the same order inside the consuming
 // process with keyed worker lanes. The package is a leaf: it imports nothing
 // of keyorder, so adapters and applications can depend on it freely.
 //

@@ -49,6 +49,6 @@
 // retries, lease expiries and backoffs take no real time.
 //
 // The same Recorder and checker run in keyorder's own conformance suite
-// against PostgreSQL, Pub/Sub, SQS and the in-memory backend, so what they
-// accept is what real brokers do.
+// against every backend (the in-memory one, PostgreSQL, Pub/Sub, SQS,
+// Pulsar, Kafka and NATS), so what they accept is what real brokers do.
 package keyordertest

@@ -428,3 +428,56 @@ func TestSubmitOrRunNotBefore(t *testing.T) {
 		}
 	})
 }
+
+// TestSubmitOrRunRespectsCapacity: an item whose key holds it is queued
+// only while its lane has room; on a full lane SubmitOrRun waits as Submit
+// does (here its ctx has ended, so it returns the ctx's error at once).
+// Before the fix it queued every such item, past Capacity: ten calls at
+// Capacity 2 returned nil with Stats().Queued = 10.
+func TestSubmitOrRunRespectsCapacity(t *testing.T) {
+	for _, a := range []Assignment{ByKey, Shared} {
+		for _, o := range []policy.Ordering{policy.Exclusive, policy.Ordered} {
+			t.Run(fmt.Sprintf("%v/%v", a, o), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					gate := make(chan struct{})
+					p := mustNew(t, &Config{Workers: 4, Assign: a, Ordering: o, Capacity: 2},
+						func(ctx context.Context, key string, keyed bool, v string) Result {
+							if v == "a0" {
+								<-gate
+							}
+							return Done()
+						})
+					submit(t, p, "a", time.Time{}, "a0")
+					synctest.Wait() // a0 runs and holds its key
+					ended, cancel := context.WithCancel(context.Background())
+					cancel()
+					var queued, refused int
+					for i := 1; i <= 10; i++ {
+						ran, err := p.SubmitOrRun(ended, Item{Key: "a", Keyed: true}, fmt.Sprintf("a%d", i))
+						switch {
+						case ran:
+							t.Fatalf("a%d ran while a0 holds its key", i)
+						case err == nil:
+							queued++
+						case errors.Is(err, context.Canceled):
+							refused++
+						default:
+							t.Fatalf("SubmitOrRun(a%d) = %v", i, err)
+						}
+					}
+					if queued != 2 || refused != 8 {
+						t.Errorf("queued %d, refused %d at Capacity 2; want 2 and 8", queued, refused)
+					}
+					if st := p.Stats(); st.Queued > 2 {
+						t.Errorf("Stats().Queued = %d at Capacity 2", st.Queued)
+					}
+					close(gate)
+					synctest.Wait() // a1 and a2 run after a0
+					if left := closePool(t, p); len(left) != 0 {
+						t.Errorf("leftover %v", left)
+					}
+				})
+			})
+		}
+	}
+}

@@ -527,7 +527,8 @@ func (p *Pool[T]) submitEach(ctx context.Context, its []Item, vs []T, from int) 
 // in flight; under Ordered one waiting for a retry), and it is due (its
 // NotBefore is not in the future).
 // Otherwise (and always in a pool with Config.Fair) the item is queued
-// exactly as Submit queues it (ran is false) and a worker runs it in its
+// exactly as Submit queues it (ran is false), waiting for room while the
+// lane holds Config.Capacity waiting items, and a worker runs it in its
 // turn. Either way the item takes its place in
 // its key's order as of the call, as with Submit: an item of the key
 // submitted later never runs before it.
@@ -550,7 +551,7 @@ func (p *Pool[T]) SubmitOrRun(ctx context.Context, it Item, v T) (ran bool, err 
 	// stack: the handle lives in this frame, and the rarer work is done in
 	// calls of their own, so that the handler starts without growing it.
 	h := groupq.Handle[T]{Item: groupq.Item[T]{Key: key, Keyed: keyed, Value: v, Fair: it.Fairness}}
-	if s := l.startInline(&h, &p.inline); s != inlineStarted {
+	if s := l.startInline(&h, &p.inline, p.capacity); s != inlineStarted {
 		return p.notInline(ctx, s, &h.Item)
 	}
 	settled := false
@@ -596,8 +597,10 @@ const (
 
 // startInline hands h.Item out, to be run by the caller, if it can start
 // at once (see SubmitOrRun), counting it in running; if its key holds it,
-// it queues it in q behind the key.
-func (l *lane[T]) startInline(h *groupq.Handle[T], running *sync.WaitGroup) inlineStart {
+// it queues it in q behind the key when the lane has room for it (fewer
+// than capacity items waiting), else leaves it to Submit, which waits for
+// room as it would for any item.
+func (l *lane[T]) startInline(h *groupq.Handle[T], running *sync.WaitGroup, capacity int) inlineStart {
 	l.mu.Lock()
 	s := inlineNot
 	switch {
@@ -608,6 +611,8 @@ func (l *lane[T]) startInline(h *groupq.Handle[T], running *sync.WaitGroup) inli
 	case l.q.Start(h):
 		running.Add(1) // under l.mu, before Close can see the lane closed
 		s = inlineStarted
+	case l.waiting() >= capacity:
+		// Its key holds it and the lane is full: Submit waits for room.
 	default:
 		// Its key holds it (an item of the key in flight or, under
 		// Ordered, parked): it waits in q, and whoever settles the key's

@@ -33,10 +33,18 @@
 // Held keys and the oldest held message's age are tracked by this package
 // from the outcomes it sees: a message is held from its first retry outcome
 // until an ack or dead-letter outcome of the same message ID in this
-// process. That is exact where retries run in process (Pub/Sub, Pulsar, and
-// in-process holds); where the broker holds the key (PostgreSQL, SQS) the
+// process. That is exact where retries run in process (Pub/Sub, Pulsar,
+// Kafka, and in-process holds); where the broker holds the key (PostgreSQL, SQS) the
 // retry may be taken by another consumer, and the entry stays until
 // Config.MaxHeld entries push out the oldest or Config.HeldExpiry passes.
+//
+// # Dashboard and alerts
+//
+// The module ships a Grafana dashboard (kit/dashboard.json) and Prometheus
+// alerting rules (kit/alerts.yml) for these metrics under the names
+// OpenTelemetry's Prometheus exporter gives them (keyorder_held_keys,
+// keyorder_held_oldest_age_seconds, keyorder_dead_letters_total, ...); the
+// repository's docs/observability.md explains each threshold.
 package otelkeyorder
 
 import (
@@ -223,8 +231,8 @@ func System(backend string) string {
 // FromURL returns the messaging.system and the destination or subscription
 // name for a keyorder URL such as "mem://ledger" or
 // "postgres://host/db?topic=t": the subscription parameter, else the topic
-// parameter (the group parameter for Kafka), else the URL's path for Pulsar
-// and Kafka (their host is the broker), else its host and path. The name never holds credentials; pass your own names
+// parameter (the group parameter for Kafka), else the URL's path for Pulsar,
+// Kafka and NATS (their host is the broker; NATS's path is the stream), else its host and path. The name never holds credentials; pass your own names
 // to Publisher and Subscriber when you want others.
 func FromURL(urlstr string) (system, name string) {
 	u, err := url.Parse(urlstr)
@@ -235,7 +243,7 @@ func FromURL(urlstr string) (system, name string) {
 	// URLs name the topic there too (the host is the database server).
 	q := u.Query()
 	where := u.Host + u.Path
-	if strings.HasPrefix(u.Scheme, "pulsar") || u.Scheme == "kafka" {
+	if strings.HasPrefix(u.Scheme, "pulsar") || u.Scheme == "kafka" || u.Scheme == "nats" {
 		where = u.Path
 	}
 	name = cmp.Or(q.Get("subscription"), q.Get("group"), q.Get("topic"), strings.TrimPrefix(where, "/"))

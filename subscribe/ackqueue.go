@@ -22,9 +22,15 @@ func newAckQueue() *ackQueue {
 	return &ackQueue{wake: make(chan struct{}, 1)}
 }
 
-// push queues it for the acker. It must not be called after close.
+// push queues it for the acker. After close it does nothing: only a
+// handler Run returned without (Close's deadline) can push then, and its
+// message is left to the broker.
 func (a *ackQueue) push(it *item) {
 	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
 	a.q = append(a.q, it)
 	wake := a.idle
 	a.idle = false

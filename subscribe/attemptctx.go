@@ -36,12 +36,16 @@ import (
 // must stay cancelled, so a later attempt gets a new one.
 type attemptCtx struct {
 	parent context.Context
+	// begun is when the attempt started, as time since Subscriber.born
+	// (set before the handler runs; read by Close's report of handlers
+	// still running).
+	begun time.Duration
 
 	ready atomic.Bool     // real is set; read it without mu
-	mu    sync.Mutex      // guards the fields below while !ready
+	ended bool            // cancel was called; guarded by mu
+	mu    sync.Mutex      // guards the fields below (and ended) while !ready
 	real  context.Context // the WithCancel context, once built
 	stop  context.CancelFunc
-	ended bool // cancel was called
 
 	// The attempt as drivers see it (driver.Attempt, through
 	// Value(driver.AttemptKey)): its member (one) or members (run, for a
@@ -177,6 +181,9 @@ func (a *attempt) LeaseLost(ms []*driver.Message) {
 	s := c.sub
 	c.mu.Unlock()
 	slices.SortFunc(gone, func(a, b *item) int { return cmp.Compare(b.seq, a.seq) })
+	s.mu.Lock()
+	s.leaseLost(gone)
+	s.mu.Unlock()
 	for _, it := range gone {
 		it.fenced.Store(true)
 		if !it.lost.Swap(true) {

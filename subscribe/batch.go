@@ -327,6 +327,11 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *bat
 	}
 	ends, err := s.callBatch(hctx, h, run)
 	cut := s.endAttempt(ctx, hctx, run)
+	if s.abandoned.Load() {
+		// Run returned without waiting for it (Close's deadline).
+		c.its = nil
+		return lanes.Done()
+	}
 	i, cause := len(run), error(nil)
 	if err != nil {
 		i, cause = s.batchFailure(err, run)

@@ -10,10 +10,10 @@
 //
 // A subscription receives what is published after it exists; nothing
 // published before is promised to it (SQS and Pulsar may deliver some; do
-// not rely on it). Open the Subscriber (on backends that create the
-// subscription on open: mem://, Pub/Sub, Pulsar, PostgreSQL with
-// create=true) or create the subscription before the first publish; see the
-// package's examples.
+// not rely on it; a new Kafka group starts at the topic's oldest record).
+// Open the Subscriber (on backends that create the subscription on open:
+// mem://, Pub/Sub, Pulsar, PostgreSQL with create=true) or create the
+// subscription before the first publish; see the package's examples.
 //
 // # Ordering
 //
@@ -32,7 +32,7 @@
 //
 // # Held keys
 //
-// Where the process holds groups (no native hold: Pub/Sub, Pulsar, a
+// Where the process holds groups (no native hold: Pub/Sub, Pulsar, Kafka, a
 // memory subscription with Hold InProcess) the broker goes on streaming a
 // held key's later messages: those brokers hand over a key's messages
 // whether or not its earlier ones are settled. They wait in process
@@ -186,7 +186,12 @@
 //     (MaxAttempts), the dead letter's count and the Observer see. A
 //     driver that can record starts is told right before each run (a
 //     batch's members together) that the handler starts, so that a lost
-//     lease counts only messages that ran (PostgreSQL).
+//     lease counts only messages that ran (PostgreSQL). A message is
+//     dead-lettered for its attempts after a run of its own failed;
+//     before a run only when its count is past MaxAttempts+1 (lost
+//     deliveries it may never have run used it up: it gets one run, and
+//     MaxAttempts+1 runs bound a message that kills every process running
+//     it), or past MaxAttempts where the driver records starts.
 //   - Chains: the driver owns what the broker leases together (the
 //     PostgreSQL claim's chain of one key, held until every member is
 //     settled; an SQS receive of one group); the Subscriber owns what it

@@ -34,6 +34,9 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		case <-t.C:
 		}
 		next := period
+		if back := s.expireBarriers(time.Now()); len(back) > 0 {
+			s.cut(back)
+		}
 		s.mu.Lock()
 		if s.outstanding.n == 0 {
 			s.mu.Unlock()
@@ -85,6 +88,9 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		// lane that sees an item lost then sees its lost successors lost
 		// too, and does not run one in the moment between.
 		slices.SortFunc(gone, func(a, b *item) int { return cmp.Compare(b.seq, a.seq) })
+		s.mu.Lock()
+		s.leaseLost(gone)
+		s.mu.Unlock()
 		for _, it := range gone {
 			it.lost.Store(true)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -41,6 +42,10 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	}
 	end, err := s.call(hctx, h, it)
 	cut := s.endAttempt(ctx, hctx, run)
+	if s.abandoned.Load() {
+		// Run returned without waiting for it (Close's deadline).
+		return lanes.Done()
+	}
 	ends := [1]func(Outcome, error){end}
 	_, r = s.decide(ctx, run, ends[:], 0, err, cut)
 	return r
@@ -67,6 +72,13 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			s.cut(its[k:])
 			break
 		}
+		if aside, back := s.behindBarrier(it); aside {
+			// Its key waits for a lost message's redelivery.
+			continue
+		} else if len(back) > 0 {
+			// It is that redelivery: what waited goes back behind it.
+			s.cut(back)
+		}
 		if s.acked.has(it.m.ID) {
 			// A redelivery of a message this process acknowledged,
 			// received before (or while) the original ran.
@@ -89,8 +101,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			s.redeliveredDead(it, dn)
 			continue
 		}
-		if it.attempt > s.cfg.Retry.MaxAttempts {
-			// Lost leases used up the budget before a handler could finish.
+		if it.attempt > s.unrunLimit() {
+			// Lost leases used up the budget, and more: see unrunLimit.
 			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 			continue
 		}
@@ -104,6 +116,18 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		return run, nil, r, false
 	}
 	s.started(ctx, run)
+	for k, it := range run {
+		if it.lost.Load() {
+			// Lost while its start was being recorded: it does not run
+			// (with a cancelled context), nor anything behind it.
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
+	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
 	// The attempt's context, cancelled when it ends or a member's lease is
 	// lost (see attemptCtx); the first attempt of its first member comes
 	// with the item.
@@ -112,15 +136,30 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		hctx = new(attemptCtx)
 	}
 	hctx.parent = ctx
-	hctx.begin(s, run)
-	for _, it := range run {
+	hctx.begun = time.Since(s.born)
+	// Each member is the attempt's (hctx set) unless it was lost (or
+	// revoked: see revoke.go) first, both under its mu: a member lost
+	// from now on is running, and its loss cancels hctx.
+	for k, it := range run {
 		it.mu.Lock()
+		if it.lost.Load() {
+			it.mu.Unlock()
+			for _, o := range run[:k] {
+				o.mu.Lock()
+				o.hctx = nil
+				o.mu.Unlock()
+			}
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
 		it.hctx = hctx
 		it.mu.Unlock()
-		if it.lost.Load() {
-			hctx.cancel()
-		}
 	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
+	hctx.begin(s, run)
 	return run, hctx, lanes.Result{}, true
 }
 
@@ -187,9 +226,15 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		s.cut(run[i:])
 		return nil, lanes.Done()
 	}
-	if leaseCut {
+	var perm *keyorder.PermanentError
+	permanent := errors.As(cause, &perm)
+	if leaseCut && !permanent {
 		// Cancelled because a later member's lease was lost (this one's
-		// is not): not its fault, so no attempt counts. The members
+		// is not): not its fault, so no attempt counts. (A Permanent
+		// failure is the handler's decision about this member, made
+		// whatever cancelled the attempt: it is dead-lettered below, as
+		// under Run, and the lost members behind it are dropped when the
+		// rest runs.) The members
 		// before the first lost one still hold their leases: they run
 		// again in process, first, keeping their place at the head of the
 		// key (WaitAt), since the broker redelivers the lost one (and,
@@ -208,10 +253,9 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		}
 		return run[i:k], lanes.WaitAt(time.Time{})
 	}
-	var perm *keyorder.PermanentError
 	dead := ""
 	switch {
-	case errors.As(cause, &perm):
+	case permanent:
 		dead = cause.Error()
 	case it.attempt >= s.cfg.Retry.MaxAttempts:
 		dead = fmt.Sprintf("max attempts (%d) reached: %v", s.cfg.Retry.MaxAttempts, cause)
@@ -251,8 +295,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		} else {
 			it.attempt++
+			at := time.Now().Add(delay)
+			it.due = at.Sub(s.born)
 			s.park(it)
-			s.retryAside(it, time.Now().Add(delay))
+			s.retryAside(it, at)
 		}
 		return rest, lanes.RetryAt(time.Time{})
 	}
@@ -274,8 +320,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	// time; its flow-control token is returned so other keys keep
 	// flowing.
 	it.attempt++
+	at := time.Now().Add(delay)
+	it.due = at.Sub(s.born)
 	s.park(it)
-	return run[i:], lanes.RetryAt(time.Now().Add(delay))
+	return run[i:], lanes.RetryAt(at)
 }
 
 // cut gives back members that must not run now (the first was lost, or
@@ -339,6 +387,25 @@ type deadNote struct {
 	landed   bool
 }
 
+// unrunLimit is the highest attempt a message may arrive with and still
+// run. A message is dead-lettered for its attempts after a run of its own
+// has failed (decide); before a run only when its count shows more lost
+// deliveries than a crash loop may take. Where the driver records handler
+// starts (driver.StartRecorder), a lost delivery counts only when the
+// handler started, so a message that arrives past MaxAttempts has run
+// MaxAttempts times: it is dead-lettered unrun. Elsewhere a broker may
+// count deliveries that never ran (the messages held in a process that
+// died, a chain taken whole by a receive), so a message whose count such
+// deliveries used up gets one run, at MaxAttempts+1; past that it is
+// dead-lettered unrun, which bounds a message that kills every process
+// running it to MaxAttempts+1 runs.
+func (s *Subscriber) unrunLimit() int {
+	if _, ok := s.drv.(driver.StartRecorder); ok {
+		return s.cfg.Retry.MaxAttempts
+	}
+	return s.cfg.Retry.MaxAttempts + 1
+}
+
 // call runs the handler, turning a panic into an error. end ends the
 // attempt's observation (Config.Observer); nil without an observer.
 func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end func(Outcome, error), err error) {
@@ -396,12 +463,13 @@ func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 
 // copiesPayload reports whether each attempt gets its own copy of a
 // message's payload. The message may be handed to a handler again (a
-// retry held in process; the rest of a batch, handed again after one of
+// retry held in process, on a broker without native hold or a chain
+// member under HoldChains; the rest of a batch, handed again after one of
 // its messages settled), and what a handler writes into its payload must
 // never reach a later attempt. Otherwise the driver's bytes are the
 // delivery's own already.
 func (s *Subscriber) copiesPayload() bool {
-	return !s.caps.NativeHold || s.batcher != nil
+	return !s.caps.NativeHold || s.caps.HoldChains || s.batcher != nil
 }
 
 // payloadChunk is how many bytes of first attempts' payload copies one

@@ -32,6 +32,12 @@ type Subscriber struct {
 	stopOnce sync.Once
 	kill     chan struct{} // closed when Close's deadline ends first
 	done     chan struct{}
+	// abandoned: Run returned while handlers still ran (Close's deadline
+	// ended first); what they return is not acted on (abandon).
+	abandoned atomic.Bool
+	// born is when New made the Subscriber: attempts record their start
+	// as time since born (attemptCtx.begun).
+	born time.Time
 
 	tokens *tokens
 	acks   *ackQueue
@@ -51,6 +57,14 @@ type Subscriber struct {
 	// holds is each key's one owner under holdKeys (see hold.go).
 	holds      map[string]*keyHold
 	holdsSpare []*keyHold
+	// lostKeys: the keys waiting for a lost message's redelivery (see
+	// lostkey.go).
+	lostKeys map[string]*barrier
+	// revocations: the revocations made since the pump's last
+	// registration of what it received, numbered by revokeGen (see
+	// revoke.go).
+	revocations []revocation
+	revokeGen   atomic.Uint64
 	// held counts the outstanding items that hold no flow-control token
 	// (item.held); while it is at Config.MaxHeld the pump does not
 	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
@@ -132,6 +146,7 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 		drv: drv, cfg: c, caps: caps,
 		shutdown: make(chan struct{}),
 		kill:     make(chan struct{}),
+		born:     time.Now(),
 		done:     make(chan struct{}),
 		tokens:   newTokens(c.MaxOutstanding),
 		acks:     newAckQueue(),
@@ -244,6 +259,9 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 	if bpool != nil {
 		s.batcher = newBatcher(s, bpool, rctx)
 	}
+	if r, ok := s.drv.(driver.Revocable); ok {
+		r.SetRevoke(s.revoke)
+	}
 	runErr := s.pump(rctx, pool)
 	var unbatched []*item // open batches, never handed to the lanes
 	if s.batcher != nil {
@@ -269,11 +287,27 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 	}
 	s.closing.Store(true)
 	var leftover []*item
-	if bpool != nil {
-		bs, _ := bpool.Close(sctx)
-		leftover = append(unbatch(bs), unbatched...)
-	} else {
-		leftover, _ = pool.Close(sctx)
+	closed := make(chan []*item, 1)
+	go func() {
+		if bpool != nil {
+			bs, _ := bpool.Close(sctx)
+			closed <- append(unbatch(bs), unbatched...)
+		} else {
+			its, _ := pool.Close(sctx)
+			closed <- its
+		}
+	}()
+	select {
+	case leftover = <-closed:
+	case <-s.kill:
+		select {
+		case leftover = <-closed:
+		default:
+			// Close's deadline ended while handlers still run, their
+			// contexts cancelled: Run returns without them, and what
+			// the lanes still hold is left to the broker.
+			s.abandon()
+		}
 	}
 	cancel()
 	if len(leftover) > 0 {
@@ -285,7 +319,10 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 				live = append(live, it)
 			}
 		}
-		s.giveBack(live)
+		s.giveBackAtStop(live)
+	}
+	if aside := s.liftAllBarriers(); len(aside) > 0 {
+		s.cut(aside)
 	}
 	s.acks.close()
 	<-ackDone
@@ -323,16 +360,35 @@ func (s *Subscriber) drain(ctx context.Context) {
 // publish.Publisher.Close does for a publisher: it makes Run stop receiving
 // and shut down gracefully (see Run), waits until Run has returned, and
 // closes the driver. When ctx ends first, Close cuts the graceful shutdown
-// short (running handlers' contexts are cancelled, messages not yet settled
-// are left to the broker), waits for Run to return, closes the driver and
-// returns ctx's error. If Run was never called, Close only closes the
-// driver, and a later Run returns keyorder.ErrClosed. Calling Close again
-// returns keyorder.ErrClosed.
+// short: running handlers' contexts are cancelled, and Run returns at once
+// without waiting for them (each handler still running is logged with its
+// message's key and ID and how long it has run; whatever it returns later
+// is not acted on), messages not yet settled are left to the broker; Close
+// then closes the driver and returns ctx's error. If Run was never called,
+// Close only closes the driver, and a later Run returns keyorder.ErrClosed.
+// Calling Close again returns keyorder.ErrClosed.
+//
+// A handler may call Close to stop consuming (a fatal condition), passing
+// its own ctx or one derived from it: Close then starts the shutdown and
+// returns nil at once, without waiting for that handler (which Run waits
+// for as for any other); the driver is closed when Run returns. Called
+// from a handler with an unrelated ctx, Close cannot tell, and waits for
+// Run until ctx ends.
 func (s *Subscriber) Close(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return keyorder.ErrClosed
 	}
 	s.stopOnce.Do(func() { close(s.shutdown) })
+	if s.calledFromHandler(ctx) {
+		go func() {
+			<-s.done
+			s.observeDetach()
+			if cerr := s.drv.Close(); cerr != nil {
+				s.cfg.Logger.Warn("keyorder: closing the subscription failed", "err", cerr)
+			}
+		}()
+		return nil
+	}
 	var err error
 	if !s.running.CompareAndSwap(false, true) {
 		// Run was called: wait for its shutdown.
@@ -349,4 +405,40 @@ func (s *Subscriber) Close(ctx context.Context) error {
 		err = errors.Join(err, driver.WrapError("close", cerr, s.drv.ErrorCode))
 	}
 	return err
+}
+
+// calledFromHandler reports whether ctx is (or derives from) the context
+// of a handler attempt of this Subscriber that is running now.
+func (s *Subscriber) calledFromHandler(ctx context.Context) bool {
+	a, _ := ctx.Value(driver.AttemptKey).(*attempt)
+	if a == nil {
+		return false
+	}
+	c := (*attemptCtx)(a)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sub == s && len(c.members()) > 0
+}
+
+// abandon is Run giving up on the handlers still running when Close's
+// deadline ended: it logs each (key, ID, how long it has run) and makes
+// what they return be ignored (their messages are left to the broker).
+func (s *Subscriber) abandon() {
+	s.abandoned.Store(true)
+	now := time.Since(s.born)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for it := s.outstanding.head; it != nil; it = it.nextO {
+		it.mu.Lock()
+		hctx := it.hctx
+		var ran time.Duration
+		if hctx != nil {
+			ran = now - hctx.begun
+		}
+		it.mu.Unlock()
+		if hctx != nil {
+			s.cfg.Logger.Error("keyorder: Close's context ended while a handler still runs; returning without it (its message is left to the broker)",
+				"key", it.m.Key, "id", it.m.ID, "running", ran)
+		}
+	}
 }

@@ -33,15 +33,16 @@ func FuzzCommitMetadata(f *testing.F) {
 	for _, off := range []int64{102, 103, 107, 119} {
 		m.complete(off)
 	}
-	f.Add(int64(100), m.metadata(map[int64]int{101: 2}, 4000))
+	f.Add(int64(100), m.metadata(map[int64]mark{101: {n: 2, due: 1_700_000_000_000}}, 4000))
 	f.Add(int64(0), metaPrefix)
-	f.Add(int64(5), metaPrefix+"AAICAQE")
+	f.Add(int64(5), metaPrefix1+"AAICAQE")
+	f.Add(int64(5), metaPrefix+"AQICAAIB")
 	f.Add(int64(0), "not ours")
 	f.Fuzz(func(t *testing.T, base int64, meta string) {
 		if base < 0 || base > 1<<50 {
 			return
 		}
-		done, attempts, err := parseMeta(base, meta)
+		done, attempts, due, err := parseMeta(base, meta)
 		if err != nil {
 			return
 		}
@@ -51,6 +52,11 @@ func FuzzCommitMetadata(f *testing.F) {
 		for off := range done {
 			if off < base {
 				t.Fatalf("done offset %d below the committed %d", off, base)
+			}
+		}
+		for off := range due {
+			if off < base || due[off] <= 0 {
+				t.Fatalf("due time %d for offset %d (committed %d)", due[off], off, base)
 			}
 		}
 		for off := range attempts {

@@ -86,8 +86,9 @@
 //
 // Backpressure: a partition may have at most max_pending records between
 // its committed offset and the last one handed out, and its done runs must
-// fit the commit metadata (MaxMetadataBytesDefault, under the broker's
-// offset.metadata.max.bytes of 4096): beyond either, the driver stops
+// fit the commit metadata (SubscriptionOptions.MaxMetadataBytes, by default
+// MaxMetadataBytesDefault, under the broker's offset.metadata.max.bytes of
+// 4096; the attempt counts go first and are cut to fit): beyond either, the driver stops
 // handing out that partition's records (it pauses fetching it) until the
 // committed offset moves. Only such a partition is paused: a pause drops
 // what the client buffered for it, and a resumed partition waits for the

@@ -16,8 +16,13 @@ import (
 	"strings"
 )
 
-// metaPrefix starts the metadata strings the driver writes (format 1).
-const metaPrefix = "ko1."
+// metaPrefix starts the metadata strings the driver writes (format 2:
+// each attempt entry carries a due time). metaPrefix1 starts format 1,
+// which earlier versions wrote and the driver still reads.
+const (
+	metaPrefix  = "ko2."
+	metaPrefix1 = "ko1."
+)
 
 // maxAttemptEntries bounds the attempt counts one commit carries.
 const maxAttemptEntries = 64
@@ -46,12 +51,15 @@ type offsetMap struct {
 	// committed metadata.
 	restored map[int64]bool
 	attempts map[int64]int
+	// due holds, for offsets not done, when a retry given back at a
+	// graceful stop is due (Unix milliseconds).
+	due map[int64]int64
 }
 
 func newOffsetMap(base int64, meta string) *offsetMap {
 	m := &offsetMap{base: base}
 	if base >= 0 {
-		m.restored, m.attempts = decodeMeta(base, meta)
+		m.restored, m.attempts, m.due = decodeMeta(base, meta)
 	}
 	return m
 }
@@ -64,27 +72,29 @@ func (m *offsetMap) pending() int { return len(m.q) - m.head }
 
 // add appends the record at off (offsets arrive increasing). It reports
 // whether the record was already done by a previous owner (then it is
-// skipped) and the attempts counted for it before.
-func (m *offsetMap) add(off int64, d *delivery) (skip bool, attempts int) {
+// skipped) and what was committed for it before: the attempts counted
+// and when its retry is due.
+func (m *offsetMap) add(off int64, d *delivery) (skip bool, prior mark) {
 	if m.base < 0 {
 		m.base = off
 	}
 	if off < m.base {
-		return true, 0 // below the committed base: a re-fetch of done work
+		return true, mark{} // below the committed base: a re-fetch of done work
 	}
 	if l := m.live(); len(l) > 0 && off <= l[len(l)-1].off {
-		return true, 0 // a duplicate fetch
+		return true, mark{} // a duplicate fetch
 	}
 	if m.restored[off] {
 		delete(m.restored, off)
 		m.appendEntry(entry{off: off, done: true})
 		m.advance()
-		return true, 0
+		return true, mark{}
 	}
-	attempts = m.attempts[off]
+	prior = mark{m.attempts[off], m.due[off]}
 	delete(m.attempts, off)
+	delete(m.due, off)
 	m.appendEntry(entry{off: off, d: d})
-	return false, attempts
+	return false, prior
 }
 
 func (m *offsetMap) appendEntry(e entry) {
@@ -158,28 +168,48 @@ func (m *offsetMap) next() int64 {
 	return m.base
 }
 
-// metadata encodes the done offsets above base, and the attempt counts
-// of extra (offset -> attempts counted) and of the restored ones, in at
-// most maxBytes characters. What does not fit is left out: a left-out done
-// offset is only redelivered (at least once), never lost.
-func (m *offsetMap) metadata(extra map[int64]int, maxBytes int) string {
+// mark is what the metadata carries for a record not done: the attempts
+// counted for it and when its retry is due (Unix milliseconds; 0: at
+// once).
+type mark struct {
+	n   int
+	due int64
+}
+
+// metadata encodes the done offsets above base, and the marks of extra
+// (offset -> attempts counted, due time) and of the restored ones, in at
+// most maxBytes characters. The attempts go first, the lowest offsets
+// first, as many as fit; the done runs fill what they leave. What does
+// not fit is left out: a left-out done offset is only redelivered (at
+// least once), never lost; a left-out attempt count restarts from the
+// last one committed.
+func (m *offsetMap) metadata(extra map[int64]mark, maxBytes int) string {
 	if m.base < 0 {
 		return ""
 	}
-	// Attempts first (few), then the done runs.
 	type att struct {
 		off int64
-		n   int
+		mark
 	}
 	var atts []att
-	for off, n := range m.attempts {
-		if off >= m.base && n > 0 {
-			atts = append(atts, att{off, n})
+	restoredMark := func(off int64) {
+		if _, ok := extra[off]; !ok && off >= m.base {
+			atts = append(atts, att{off, mark{m.attempts[off], m.due[off]}})
 		}
 	}
-	for off, n := range extra {
-		if off >= m.base && n > 0 {
-			atts = append(atts, att{off, n})
+	for off, n := range m.attempts {
+		if n > 0 {
+			restoredMark(off)
+		}
+	}
+	for off, t := range m.due {
+		if t > 0 && m.attempts[off] == 0 {
+			restoredMark(off)
+		}
+	}
+	for off, mk := range extra {
+		if off >= m.base && (mk.n > 0 || mk.due > 0) {
+			atts = append(atts, att{off, mk})
 		}
 	}
 	sort.Slice(atts, func(i, j int) bool { return atts[i].off < atts[j].off })
@@ -197,14 +227,29 @@ func (m *offsetMap) metadata(extra map[int64]int, maxBytes int) string {
 		return ""
 	}
 	limit := (maxBytes - len(metaPrefix)) * 3 / 4 // base64 inflates 4/3
-	buf := make([]byte, 0, 64)
-	buf = binary.AppendUvarint(buf, uint64(len(atts)))
+	if limit < 1 {
+		return ""
+	}
+	// The attempt entries that fit (the count takes one byte: at most
+	// maxAttemptEntries).
+	var entries []byte
+	kept := 0
 	prev := m.base
 	for _, a := range atts {
-		buf = binary.AppendUvarint(buf, uint64(a.off-prev))
-		buf = binary.AppendUvarint(buf, uint64(a.n))
+		n := len(entries)
+		entries = binary.AppendUvarint(entries, uint64(a.off-prev))
+		entries = binary.AppendUvarint(entries, uint64(a.n))
+		entries = binary.AppendUvarint(entries, uint64(a.due))
+		if 1+len(entries) > limit {
+			entries = entries[:n]
+			break
+		}
 		prev = a.off
+		kept++
 	}
+	buf := make([]byte, 0, 64)
+	buf = binary.AppendUvarint(buf, uint64(kept))
+	buf = append(buf, entries...)
 	// Runs of done offsets: (distance from the end of the previous run,
 	// length), relative to base.
 	pos := m.base
@@ -260,53 +305,69 @@ func (m *offsetMap) metadata(extra map[int64]int, maxBytes int) string {
 
 var errBadMeta = errors.New("kafka: commit metadata not written by keyorder")
 
-// decodeMeta reads metadata written by offsetMap.metadata for base. A
+// decodeMeta reads metadata written by offsetMap.metadata for base (format
+// 2, or format 1 of earlier versions, which carries no due times). A
 // string not written by the driver (another client's commit) decodes as
 // nothing done above base.
-func decodeMeta(base int64, meta string) (done map[int64]bool, attempts map[int64]int) {
-	done, attempts, _ = parseMeta(base, meta)
-	return done, attempts
+func decodeMeta(base int64, meta string) (done map[int64]bool, attempts map[int64]int, due map[int64]int64) {
+	done, attempts, due, _ = parseMeta(base, meta)
+	return done, attempts, due
 }
 
-func parseMeta(base int64, meta string) (map[int64]bool, map[int64]int, error) {
+func parseMeta(base int64, meta string) (map[int64]bool, map[int64]int, map[int64]int64, error) {
+	withDue := true
 	rest, ok := strings.CutPrefix(meta, metaPrefix)
 	if !ok {
-		return nil, nil, errBadMeta
+		if rest, ok = strings.CutPrefix(meta, metaPrefix1); !ok {
+			return nil, nil, nil, errBadMeta
+		}
+		withDue = false
 	}
 	buf, err := base64.RawURLEncoding.DecodeString(rest)
 	if err != nil {
-		return nil, nil, errBadMeta
+		return nil, nil, nil, errBadMeta
 	}
-	next := func() (int64, bool) {
+	next := func(bound uint64) (int64, bool) {
 		v, n := binary.Uvarint(buf)
-		if n <= 0 || v > 1<<40 {
+		if n <= 0 || v > bound {
 			return 0, false
 		}
 		buf = buf[n:]
 		return int64(v), true
 	}
-	na, ok := next()
-	if !ok || na > maxAttemptEntries {
-		return nil, nil, errBadMeta
+	na, ok := next(maxAttemptEntries)
+	if !ok {
+		return nil, nil, nil, errBadMeta
 	}
 	attempts := map[int64]int{}
+	due := map[int64]int64{}
 	prev := base
 	for range na {
-		d, ok1 := next()
-		c, ok2 := next()
-		if !ok1 || !ok2 {
-			return nil, nil, errBadMeta
+		d, ok1 := next(1 << 40)
+		c, ok2 := next(1 << 40)
+		var t int64
+		ok3 := true
+		if withDue {
+			t, ok3 = next(1 << 53)
+		}
+		if !ok1 || !ok2 || !ok3 {
+			return nil, nil, nil, errBadMeta
 		}
 		prev += d
-		attempts[prev] = int(c)
+		if c > 0 {
+			attempts[prev] = int(c)
+		}
+		if t > 0 {
+			due[prev] = t
+		}
 	}
 	done := map[int64]bool{}
 	pos := base
 	for len(buf) > 0 {
-		gap, ok1 := next()
-		n, ok2 := next()
+		gap, ok1 := next(1 << 40)
+		n, ok2 := next(1 << 40)
 		if !ok1 || !ok2 || n > 1<<20 || len(done)+int(n) > 1<<22 {
-			return nil, nil, errBadMeta
+			return nil, nil, nil, errBadMeta
 		}
 		start := pos + gap
 		for off := start; off < start+n; off++ {
@@ -314,5 +375,5 @@ func parseMeta(base int64, meta string) (map[int64]bool, map[int64]int, error) {
 		}
 		pos = start + n
 	}
-	return done, attempts, nil
+	return done, attempts, due, nil
 }

@@ -33,11 +33,19 @@ const (
 	// MaxMetadataBytesDefault is the longest commit metadata the driver writes
 	// (the broker's offset.metadata.max.bytes defaults to 4096).
 	MaxMetadataBytesDefault = 4000
+	// MetadataBytesMin is the smallest MaxMetadataBytes accepted: room for
+	// the format prefix and a few attempt counts and done runs. Below it a
+	// partition could carry nothing above its committed offset.
+	MetadataBytesMin = 64
 	// CommitIntervalDefault is how often completed offsets are committed.
 	CommitIntervalDefault = time.Second
 	// RevokeTimeoutDefault bounds the wait for a revoked partition's
 	// records in flight.
 	RevokeTimeoutDefault = 20 * time.Second
+	// RevokeLostTimeout bounds how long the driver waits, when partitions
+	// are lost (another member may own them already), for the handlers of
+	// their records that were running to end (see driver.Revocable).
+	RevokeLostTimeout = time.Second
 )
 
 // SubscriptionOptions configure a subscription driver. A nil
@@ -57,8 +65,10 @@ type SubscriptionOptions struct {
 	// committed offset and the last one handed out before the driver stops
 	// handing out more of it. Defaults to MaxPendingDefault.
 	MaxPending int
-	// MaxMetadataBytes bounds the commit metadata. Defaults to
-	// MaxMetadataBytesDefault.
+	// MaxMetadataBytes bounds the commit metadata, at most the broker's
+	// offset.metadata.max.bytes and at least MetadataBytesMin (a smaller
+	// or negative value fails the open with a *MetadataLimitError).
+	// Defaults to MaxMetadataBytesDefault.
 	MaxMetadataBytes int
 	// CommitInterval is how often completed offsets are committed.
 	// Defaults to CommitIntervalDefault.
@@ -79,6 +89,28 @@ type SubscriptionOptions struct {
 	ClientOptions []kgo.Opt
 	// Logger receives the driver's warnings. Defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// MetadataLimitError reports a SubscriptionOptions.MaxMetadataBytes below
+// MetadataBytesMin. It matches keyorder.ErrInvalidConfig with errors.Is.
+type MetadataLimitError struct {
+	// Got is the value given.
+	Got int
+}
+
+func (e *MetadataLimitError) Error() string {
+	return fmt.Sprintf("kafka: MaxMetadataBytes %d is below the minimum %d (the commit metadata could carry no attempt counts)", e.Got, MetadataBytesMin)
+}
+
+// Is reports whether target is keyorder.ErrInvalidConfig.
+func (e *MetadataLimitError) Is(target error) bool { return target == keyorder.ErrInvalidConfig }
+
+// validate reports options that no default can stand in for.
+func (o *SubscriptionOptions) validate() error {
+	if o != nil && o.MaxMetadataBytes != 0 && o.MaxMetadataBytes < MetadataBytesMin {
+		return &MetadataLimitError{Got: o.MaxMetadataBytes}
+	}
+	return nil
 }
 
 func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
@@ -152,11 +184,13 @@ type partState struct {
 type delivery struct {
 	ps       *partState
 	off      int64
-	prior    int // attempts counted before this delivery
+	prior    int   // attempts counted before this delivery
+	due      int64 // when a retry given back before was due (Unix ms), 0 if none
 	started  atomic.Bool
 	deadline time.Time // guarded by the subscription's mu
 	settled  bool
 	lost     bool
+	revoked  bool // forgotten by the portable layer in a revocation
 }
 
 // position is a record's place in its topic: driver.Message.Copy.
@@ -181,13 +215,19 @@ type subscriptionDriver struct {
 	notify  chan struct{} // closed and replaced when records settle
 	waiting int           // revocations waiting on notify
 	live    map[*delivery]struct{}
+	// revoke takes back what the portable layer holds of revoked
+	// partitions (driver.Revocable); nil until SetRevoke.
+	revoke func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
 
 	commitMu sync.Mutex
-	prodOnce sync.Once
-	prod     *kgo.Client // dead letters, redrive
-	prodErr  error
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// sendCommit sends an offset commit (sendCommit; a recorder in unit
+	// tests).
+	sendCommit func(context.Context, *generation, *kmsg.OffsetCommitRequest) (*kmsg.OffsetCommitResponse, error)
+	prodOnce   sync.Once
+	prod       *kgo.Client // dead letters, redrive
+	prodErr    error
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 var (
@@ -195,6 +235,8 @@ var (
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 	_ driver.StartRecorder   = (*subscriptionDriver)(nil)
 	_ driver.Namer           = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
+	_ driver.Revocable       = (*subscriptionDriver)(nil)
 )
 
 // openSubscription returns the consuming driver of a member of group on
@@ -211,6 +253,9 @@ var (
 func openSubscription(ctx context.Context, topic, group string, opts *SubscriptionOptions) (*subscriptionDriver, error) {
 	if topic == "" || group == "" {
 		return nil, fmt.Errorf("%w: kafka.OpenSubscription: empty topic or group", keyorder.ErrInvalidConfig)
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	o := opts.withDefaults()
 	s := &subscriptionDriver{
@@ -377,9 +422,13 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 		}
 		states = append(states, st)
 	}
+	revoke, closing := s.revoke, s.closed
 	s.mu.Unlock()
 	if len(resume) > 0 {
 		g.fetch.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+	}
+	if revoke != nil && !closing && len(states) > 0 {
+		s.takeBack(ctx, revoke, states, graceful)
 	}
 	if graceful {
 		s.mu.Lock()
@@ -402,7 +451,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 			if busy > 0 {
 				busy = 0
 				for d := range s.live {
-					if d.ps.gen == g && slices.Contains(states, d.ps) && now.Before(d.deadline) {
+					if d.ps.gen == g && slices.Contains(states, d.ps) && now.Before(d.deadline) && !d.revoked {
 						busy++
 					}
 				}
@@ -426,14 +475,14 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	// counts.
 	s.mu.Lock()
 	n := 0
-	extra := map[*partState]map[int64]int{}
+	extra := map[*partState]map[int64]mark{}
 	for d := range s.live {
 		if slices.Contains(states, d.ps) {
 			if d.started.Load() {
 				if extra[d.ps] == nil {
-					extra[d.ps] = map[int64]int{}
+					extra[d.ps] = map[int64]mark{}
 				}
-				extra[d.ps][d.off] = d.prior + 1
+				extra[d.ps][d.off] = mark{n: d.prior + 1}
 			}
 			d.lost = true
 			delete(s.live, d)
@@ -447,7 +496,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 	}
 	if graceful {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(cctx, g, states, extra); err != nil {
+		if err := s.commit(cctx, g, states, extra, true); err != nil {
 			s.opts.Logger.Warn("keyorder: kafka: commit on revocation failed; records may be redelivered",
 				"topic", s.topic, "group", s.group, "err", err)
 		}
@@ -460,6 +509,51 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 		}
 	}
 	s.mu.Unlock()
+}
+
+// SetRevoke keeps the portable layer's revoke function, which the
+// revocation path calls to take back synchronously what the process holds
+// of the revoked partitions.
+func (s *subscriptionDriver) SetRevoke(revoke func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.revoke = revoke
+}
+
+// takeBack has the portable layer forget the records of states that wait
+// in the process (a parked retry, a throttled record, records behind a
+// held key), so that none of them starts here once the revocation
+// returned, and wait for those that run: up to RevokeTimeout for a
+// graceful revocation, RevokeLostTimeout for lost partitions. The
+// forgotten records are not waited for by the revocation (their leases
+// count as ended); the commit counts an attempt for each whose handler
+// had started. It is never called from Close (Close is a call of the
+// portable layer, which settled what it could before it).
+func (s *subscriptionDriver) takeBack(ctx context.Context, revoke func(context.Context, func(*driver.Message) bool) []*driver.Message, states []*partState, graceful bool) {
+	wait := RevokeLostTimeout
+	if graceful {
+		wait = s.opts.RevokeTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	running := revoke(rctx, func(m *driver.Message) bool {
+		d, ok := m.AckID.(*delivery)
+		return ok && d != nil && slices.Contains(states, d.ps)
+	})
+	still := map[*delivery]bool{}
+	for _, m := range running {
+		if d, ok := m.AckID.(*delivery); ok {
+			still[d] = true
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for d := range s.live {
+		if slices.Contains(states, d.ps) && !still[d] {
+			d.revoked = true // forgotten: not waited for
+		}
+	}
+	s.signal()
 }
 
 // Receive waits for at least one record or ctx, and returns at most
@@ -598,7 +692,7 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 		if skip {
 			st.dirty = true
 		} else {
-			d.prior = prior
+			d.prior, d.due = prior.n, prior.due
 			st.inflight++
 			s.live[d] = struct{}{}
 			out = append(out, s.message(r, d))
@@ -671,6 +765,13 @@ func (s *subscriptionDriver) message(r *kgo.Record, d *delivery) *driver.Message
 	m := fromRecord(r)
 	m.AckID = d
 	m.Attempt = d.prior + 1
+	if d.due > 0 {
+		// A retry given back at a graceful stop (Return) is held until
+		// it was due, as a not-before time is.
+		if due := time.UnixMilli(d.due); due.After(m.NotBefore) {
+			m.NotBefore = due
+		}
+	}
 	m.Copy = position{r.Partition, r.Offset}
 	return m
 }
@@ -775,6 +876,33 @@ func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) 
 	return nil
 }
 
+// Return gives rs back as Release does, and keeps each one's used attempts
+// and retry due time in its partition's commit metadata, so that the next
+// owner (another member after the rebalance, or this process restarted)
+// delivers it with Attempt = Attempts+1, held until its due time (as
+// Message.NotBefore). What the metadata carries is bounded by
+// MaxMetadataBytes: past it the lowest offsets' counts are kept.
+func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rs {
+		d, err := deliveryOf(r.Message)
+		if err != nil {
+			return err
+		}
+		if !d.settled && !d.lost {
+			d.prior = max(d.prior, r.Attempts)
+			d.due = 0
+			if !r.NotBefore.IsZero() {
+				d.due = max(r.NotBefore.UnixMilli(), 1)
+			}
+			d.ps.dirty = true
+		}
+		s.settle(d, false)
+	}
+	return nil
+}
+
 // ExtendLeases renews the leases of ms and returns those whose partition
 // was revoked or whose member was given up.
 func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
@@ -787,7 +915,7 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Mess
 		if err != nil {
 			return lost, err
 		}
-		if d.lost {
+		if d.lost || d.revoked {
 			lost = append(lost, m)
 			continue
 		}
@@ -826,7 +954,7 @@ func (s *subscriptionDriver) watchdog() {
 		g := s.gen
 		expired := 0
 		for d := range s.live {
-			if g != nil && d.ps.gen == g && now.After(d.deadline) {
+			if g != nil && d.ps.gen == g && now.After(d.deadline) && !d.revoked {
 				expired++
 			}
 		}
@@ -836,7 +964,7 @@ func (s *subscriptionDriver) watchdog() {
 		}
 		g.expired = true
 		s.gen = nil
-		extra := map[*partState]map[int64]int{}
+		extra := map[*partState]map[int64]mark{}
 		var states []*partState
 		for _, st := range g.parts {
 			states = append(states, st)
@@ -847,9 +975,9 @@ func (s *subscriptionDriver) watchdog() {
 			}
 			if d.started.Load() {
 				if extra[d.ps] == nil {
-					extra[d.ps] = map[int64]int{}
+					extra[d.ps] = map[int64]mark{}
 				}
-				extra[d.ps][d.off] = d.prior + 1
+				extra[d.ps][d.off] = mark{n: d.prior + 1}
 			}
 			d.lost = true
 			delete(s.live, d)
@@ -859,7 +987,7 @@ func (s *subscriptionDriver) watchdog() {
 		s.opts.Logger.Warn("keyorder: kafka: a lease ran out; leaving the group so that it moves this member's partitions",
 			"topic", s.topic, "group", s.group, "expired", expired)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(ctx, g, states, extra); err != nil {
+		if err := s.commit(ctx, g, states, extra, true); err != nil {
 			s.opts.Logger.Warn("keyorder: kafka: commit before leaving failed", "err", err)
 		}
 		cancel()
@@ -878,32 +1006,44 @@ func (s *subscriptionDriver) committer() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		g := s.gen
-		var states []*partState
-		if g != nil {
-			for _, st := range g.parts {
-				if st.dirty && !st.revoking {
-					states = append(states, st)
-				}
-			}
-		}
-		s.mu.Unlock()
+		g, states := s.dirtyStates()
 		if len(states) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.commit(ctx, g, states, nil); err != nil && !errors.Is(err, kgo.ErrClientClosed) {
+		if err := s.commit(ctx, g, states, nil, false); err != nil && !errors.Is(err, kgo.ErrClientClosed) {
 			s.opts.Logger.Debug("keyorder: kafka: commit failed; retried on the next tick", "err", err)
 		}
 		cancel()
 	}
 }
 
+// dirtyStates returns the live member and its partitions with completions
+// not committed yet (the committer's pick, made outside commitMu).
+func (s *subscriptionDriver) dirtyStates() (*generation, []*partState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gen
+	var states []*partState
+	if g != nil {
+		for _, st := range g.parts {
+			if st.dirty && !st.revoking {
+				states = append(states, st)
+			}
+		}
+	}
+	return g, states
+}
+
 // commit commits the offset maps of states (attempts of extra added) as
 // member of g. Commits are serialized, so a later one never lands before
-// an earlier one.
-func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states []*partState, extra map[*partState]map[int64]int) error {
+// an earlier one. A commit that does not give the partitions up (final
+// false: the committer's) re-checks under the lock that g still owns
+// each partition and is not revoking it: the committer picks its
+// partitions before taking the lock, and a revocation (or the watchdog)
+// that commits meanwhile writes the attempt counts of what it takes
+// back; a commit computed before it must not land after it.
+func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states []*partState, extra map[*partState]map[int64]mark, final bool) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	type part struct {
@@ -917,15 +1057,18 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		if !st.fetched || st.om.base < 0 {
 			continue
 		}
+		if !final && (st.revoking || g.expired || g.parts[st.p] != st || s.gen != g) {
+			continue
+		}
 		att := extra[st]
 		// Carry the attempts counted before for records in flight.
 		for _, e := range st.om.live() {
-			if e.d != nil && e.d.prior > 0 {
+			if e.d != nil && (e.d.prior > 0 || e.d.due > 0) {
 				if att == nil {
-					att = map[int64]int{}
+					att = map[int64]mark{}
 				}
 				if _, ok := att[e.off]; !ok {
-					att[e.off] = e.d.prior
+					att[e.off] = mark{e.d.prior, e.d.due}
 				}
 			}
 		}
@@ -940,11 +1083,8 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 	if len(parts) == 0 {
 		return nil
 	}
-	member, gen := g.cl.GroupMetadata()
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group = s.group
-	req.Generation = gen
-	req.MemberID = member
 	rt := kmsg.NewOffsetCommitRequestTopic()
 	rt.Topic = s.topic
 	rt.TopicID = s.topicID
@@ -958,7 +1098,11 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, g.cl)
+	send := s.sendCommit
+	if send == nil {
+		send = sendCommit
+	}
+	resp, err := send(ctx, g, req)
 	if err == nil {
 		for _, t := range resp.Topics {
 			for _, p := range t.Partitions {
@@ -981,6 +1125,12 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		return fmt.Errorf("kafka: commit %s of %s: %w", s.group, s.topic, err)
 	}
 	return nil
+}
+
+// sendCommit sends req as member of g.
+func sendCommit(ctx context.Context, g *generation, req *kmsg.OffsetCommitRequest) (*kmsg.OffsetCommitResponse, error) {
+	req.MemberID, req.Generation = g.cl.GroupMetadata()
+	return req.RequestWith(ctx, g.cl)
 }
 
 // Capabilities: the subscription's policy, no native hold, the driver's

@@ -24,8 +24,8 @@
 // max_backoff, compact for a new subscription), lease, max_batch, chain, poll,
 // notify_debounce, vacuum_interval, missing_key. A subscription a URL creates
 // is Ordered unless the URL says ordering=parallel or ordering=exclusive, as
-// on every backend's URL (the typed SubscriptionOptions keep their zero
-// value, Parallel). Until this default was introduced a URL without ordering
+// on every backend's URL (the typed SubscriptionOptions' zero Ordering is
+// Ordered too). Until this default was introduced a URL without ordering
 // created a Parallel subscription; opening such a subscription with
 // create=true and no ordering now fails with keyorder.ErrInvalidConfig (its
 // ordering differs from the one asked for): add ordering=parallel. The

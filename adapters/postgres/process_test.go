@@ -22,6 +22,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -31,6 +32,7 @@ import (
 // tests, so a SIGKILL hits a process holding leases, as a crash would.
 
 func TestMain(m *testing.M) {
+	proctest.Main(openCrashConsumer)
 	switch os.Getenv("KEYORDER_PG_HELPER") {
 	case "":
 	case "stack":

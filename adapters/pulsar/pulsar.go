@@ -17,7 +17,8 @@
 // (Key_Shared sticky hash ranges "0-32767,32768-65535" instead of
 // auto-split), receiver_queue (the client's receiver queue size; default
 // 1000), max_batch (most messages per Receive), lease (a Go duration;
-// default 30s; see Leases below), admin (the broker's admin URL,
+// default 30s; see Leases below), run_record (on or off; default on; see
+// Runs below), admin (the broker's admin URL,
 // http://host:8080, used to create the topic and to read an existing
 // subscription's policy), max_message_size (the broker's maxMessageSize in
 // bytes when it is not the default 5 MiB), and the client's TLS and
@@ -83,8 +84,46 @@
 //
 // A consumer that dies (process killed, connection lost) gives its messages
 // back the same way, but the broker does not count that as a redelivery:
-// RedeliveryCount stays as it was (measured on Pulsar 4.0.7), so the next
-// delivery's Attempt is not raised. Attempt is RedeliveryCount+1.
+// RedeliveryCount stays as it was (measured on Pulsar 4.0.7). The driver
+// counts those runs itself (Runs, below).
+//
+// # Runs
+//
+// Without a count of its own, a message that kills its process (a
+// segfault, an OOM kill, os.Exit in a library) would run forever as
+// attempt 1 and never be dead-lettered. The driver keeps a run record on
+// the topic <topic>-<subscription>-runs (RunsTopic), one record per
+// message, keyed by its position (so a redriven copy starts afresh):
+//
+//   - The subscriber tells the driver that a handler starts
+//     (driver.StartRecorder). The start is written only when the handler
+//     has run 100 ms and still runs: most handlers end sooner and cost no
+//     write.
+//   - A message that may have been running in a consumer that went away
+//     (one published before this consumer subscribed, or redelivered
+//     behind a later position it already received) is recorded before its
+//     handler starts, and the handler waits for the write. A message that
+//     kills its process faster than 100 ms thus runs once uncounted, and
+//     every run after that in a new process is counted: it runs at most
+//     MaxAttempts+1 times. A consumer that was already running when the
+//     message was published, and had received nothing after it when the
+//     message came back to it, can add one more uncounted run (once: it
+//     dies too).
+//   - Every driver reads the record topic to its end when it opens, tails
+//     it afterwards, and reads it to its end again before it hands over a
+//     suspect message. A delivery's Attempt is one more than the larger of
+//     the broker's RedeliveryCount and the record's runs.
+//   - Return (driver.Returner, at a graceful stop) writes the attempts a
+//     message used and its retry time: the next delivery carries both
+//     (Attempt, and NotBefore, which holds its key in process until then).
+//   - Acknowledging (or dead-lettering) a message that has a record
+//     writes a tombstone.
+//
+// The record topic is an ordinary topic: the namespace's retention and
+// inactive-topic policies apply to it (a record the broker deleted counts
+// nothing), and the consumer needs permission to produce and read it.
+// SubscriptionOptions.NoRunRecord (URL: run_record=off) turns it off:
+// then a dying consumer counts nothing and Return works as Release.
 //
 // # When consumers leave
 //

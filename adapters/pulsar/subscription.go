@@ -48,6 +48,9 @@ type SubscriptionOptions struct {
 	Name string
 	// Logger receives the driver's warnings. Defaults to slog.Default().
 	Logger *slog.Logger
+	// NoRunRecord turns the run record off (see the package
+	// documentation, "Runs"): a consumer that dies then counts no attempt.
+	NoRunRecord bool
 }
 
 func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
@@ -80,6 +83,12 @@ type generation struct {
 	consumer pulsar.Consumer
 	expired  chan struct{} // closed when the watchdog gives it up
 	once     sync.Once
+	// With the run record (guarded by the driver's mu): the last message
+	// of each (partition) topic when the consumer subscribed and the
+	// latest position received of each, to tell which deliveries are
+	// suspect.
+	high map[string]pulsar.MessageID
+	seen map[string]pulsar.MessageID
 }
 
 // delivery is a received message's AckID.
@@ -90,9 +99,19 @@ type delivery struct {
 	// unsettled messages may have been running.
 	key string
 	seq uint64
+	// pos names the message's place in its topic (its run record's key).
+	pos string
 	mu  sync.Mutex
 	// deadline is when the lease runs out unless extended.
 	deadline time.Time
+	// The run record (runs.go): base is the attempts used before this
+	// delivery, runs the handler starts since, recorded the runs last
+	// written; suspect: the message may have been running in a consumer
+	// that went away, so its starts are recorded before they run.
+	base, runs, recorded int
+	startedAt            time.Time
+	suspect, hadRecord   bool
+	settled              bool
 }
 
 func (d *delivery) lost() bool {
@@ -121,6 +140,7 @@ type subscriptionDriver struct {
 	seq      uint64          // deliveries tracked so far
 	deadProd pulsar.Producer // DeadLetter, redrive markers
 	topicPrd pulsar.Producer // Redrive
+	runs     *runLog         // nil with NoRunRecord
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -128,6 +148,8 @@ type subscriptionDriver struct {
 var (
 	_ driver.Subscription    = (*subscriptionDriver)(nil)
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.StartRecorder   = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
 )
 
 // DeadLetterTopic returns the dead-letter topic of subscription sub on
@@ -178,6 +200,14 @@ func openSubscriptionOwning(ctx context.Context, client pulsar.Client, topic, su
 		opts: o, tracked: map[*delivery]struct{}{}, stop: make(chan struct{}), ownClient: own,
 	}
 	return await(ctx, "subscribe "+sub+" on "+topic, func() (*subscriptionDriver, error) {
+		if !o.NoRunRecord {
+			l, err := openRunLog(ctx, s)
+			if err != nil {
+				s.Close()
+				return nil, err
+			}
+			s.runs = l
+		}
 		if _, err := s.current(); err != nil {
 			s.Close() // closes an owned client
 			return nil, err
@@ -226,7 +256,22 @@ func (s *subscriptionDriver) current() (*generation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pulsar: subscribe %s on %s: %w", s.name, s.topic, mismatch(err))
 	}
-	s.gen = &generation{consumer: c, expired: make(chan struct{})}
+	g := &generation{consumer: c, expired: make(chan struct{})}
+	if s.runs != nil {
+		// Everything up to here may have been delivered to a consumer
+		// that went away.
+		ids, err := c.GetLastMessageIDs()
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("pulsar: subscribe %s on %s: last message: %w", s.name, s.topic, err)
+		}
+		g.high = make(map[string]pulsar.MessageID, len(ids))
+		for _, id := range ids {
+			g.high[id.Topic()] = id
+		}
+		g.seen = map[string]pulsar.MessageID{}
+	}
+	s.gen = g
 	return s.gen, nil
 }
 
@@ -261,6 +306,9 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 				break more
 			}
 		}
+		if s.runs != nil {
+			s.readRecords(ctx, out)
+		}
 		return out, nil
 	}
 }
@@ -275,8 +323,68 @@ func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *driver.Mes
 	s.seq++
 	d.seq = s.seq
 	s.tracked[d] = struct{}{}
+	if g.seen != nil {
+		d.pos = idString(pm.ID())
+		d.suspect = s.suspect(g, pm)
+	}
 	s.mu.Unlock()
 	return m
+}
+
+// suspect reports whether the message may have been running in a consumer
+// that went away (called with s.mu held): it was published before this
+// consumer subscribed, or it comes after a later position of its topic (a
+// redelivery). Any such message may be: a consumer that dies may have run
+// a key's earlier messages to completion without its acknowledgements
+// reaching the broker, so not only a key's first message comes back
+// having run. A suspect start is recorded before it runs (runs.go).
+func (s *subscriptionDriver) suspect(g *generation, pm pulsar.Message) bool {
+	topic := pm.Topic()
+	seen, hadSeen := g.seen[topic]
+	if !hadSeen || notBefore(pm.ID(), seen) {
+		g.seen[topic] = pm.ID()
+	}
+	high, ok := g.high[topic]
+	if !ok && len(g.high) == 1 {
+		for _, h := range g.high {
+			high = h
+		}
+		ok = true
+	}
+	if ok && high.LedgerID() >= 0 && high.EntryID() >= 0 && notBefore(high, pm.ID()) {
+		return true
+	}
+	return hadSeen && !notBefore(pm.ID(), seen)
+}
+
+// readRecords sets the attempts and retry times the run record keeps for
+// ms. When one of them is suspect it first reads the record topic to its
+// end: its record may have been written by a consumer that went away a
+// moment ago.
+func (s *subscriptionDriver) readRecords(ctx context.Context, ms []*driver.Message) {
+	for _, m := range ms {
+		if m.AckID.(*delivery).suspect {
+			if err := s.runs.sync(ctx); err != nil && ctx.Err() == nil {
+				s.opts.Logger.Warn("keyorder: pulsar: reading the run records to their end failed; using what was read",
+					"topic", s.runs.topic, "err", err)
+			}
+			break
+		}
+	}
+	for _, m := range ms {
+		d := m.AckID.(*delivery)
+		r, ok := s.runs.lookup(d.pos)
+		d.mu.Lock()
+		if ok {
+			d.hadRecord = true
+			m.Attempt = max(m.Attempt, r.runs+1)
+			if r.notBefore.After(m.NotBefore) {
+				m.NotBefore = r.notBefore
+			}
+		}
+		d.base = m.Attempt - 1
+		d.mu.Unlock()
+	}
 }
 
 // fromMessage converts a Pulsar message: its key becomes Key, the reserved
@@ -334,10 +442,23 @@ func deliveryOf(m *driver.Message) (*delivery, error) {
 	return d, nil
 }
 
+// untrack forgets d: settled, or given back.
 func (s *subscriptionDriver) untrack(d *delivery) {
 	s.mu.Lock()
-	delete(s.tracked, d)
+	s.forgetLocked(d)
 	s.mu.Unlock()
+}
+
+// forgetLocked forgets d (s.mu held): no lease, no run record written
+// after this.
+func (s *subscriptionDriver) forgetLocked(d *delivery) {
+	if _, ok := s.tracked[d]; !ok {
+		return
+	}
+	delete(s.tracked, d)
+	d.mu.Lock()
+	d.settled = true
+	d.mu.Unlock()
 }
 
 // Ack acknowledges ms (batch members individually: batch index
@@ -355,7 +476,7 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 			}
 			continue
 		}
-		delete(s.tracked, d)
+		s.forgetLocked(d)
 		ds[i] = d
 	}
 	s.mu.Unlock()
@@ -371,6 +492,9 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 		}
 		if err != nil && first == nil {
 			first = fmt.Errorf("pulsar: ack %q: %w", ms[i].ID, err)
+		}
+		if err == nil && s.runs != nil {
+			s.runs.done(d)
 		}
 	}
 	return first
@@ -474,7 +598,7 @@ func (s *subscriptionDriver) watchdog() {
 		s.gen = nil
 		for d := range s.tracked {
 			if d.gen == g {
-				delete(s.tracked, d)
+				s.forgetLocked(d)
 			}
 		}
 		s.mu.Unlock()
@@ -585,6 +709,9 @@ func (s *subscriptionDriver) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
+	if s.runs != nil {
+		s.runs.close()
+	}
 	if g != nil {
 		g.once.Do(func() { close(g.expired) })
 		g.consumer.Close()

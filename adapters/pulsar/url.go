@@ -118,6 +118,7 @@ var (
 	urlParams = []string{
 		"tls_ca_file", "tls_allow_insecure", "tls_validate_hostname", "tls_cert_file", "tls_key_file", "token", "token_file",
 		"admin", "batching", "max_message_size", "subscription", "ordering", "sticky", "receiver_queue", "max_batch", "lease",
+		"run_record",
 	}
 	deprecatedParams = map[string]string{
 		"tlscafile": "tls_ca_file", "tlsallowinsecure": "tls_allow_insecure", "tlsvalidatehostname": "tls_validate_hostname",
@@ -209,6 +210,15 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 				p.subO.ReceiverQueueSize = n
 			} else {
 				p.subO.MaxBatch = n
+			}
+		case "run_record":
+			subOnly = true
+			switch v {
+			case "on", "true":
+			case "off", "false":
+				p.subO.NoRunRecord = true
+			default:
+				perr = errors.New("want on or off")
 			}
 		case "lease":
 			subOnly = true

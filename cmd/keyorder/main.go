@@ -16,7 +16,7 @@
 //
 // URL is a subscription URL (a topic URL for publish), exactly as
 // subscribe.Open and publish.Open take it; the binary registers the
-// PostgreSQL, Pub/Sub, SQS, Pulsar and Kafka schemes. It refuses mem:// URLs: the
+// PostgreSQL, Pub/Sub, SQS, Pulsar, Kafka and NATS schemes. It refuses mem:// URLs: the
 // in-memory broker lives inside one process, and this command, a process of
 // its own, would always find it empty. Output is a table by default and
 // JSON with --json. Secrets in the URL (a password, and query parameters
@@ -57,6 +57,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	_ "github.com/keyorder/keyorder/adapters/kafka"
+	_ "github.com/keyorder/keyorder/adapters/nats"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
@@ -170,11 +171,31 @@ flags:
   --timeout D   bound the whole command (default 30s; 0: none; tail: none)
   -h, --help    this text; keyorder COMMAND --help shows a command's flags
 
-URL is a subscription URL (a topic URL for publish): postgres://, pubsub://,
-sqs:// or pulsar://. Exit codes: 0 done, 1 failed, 2 usage, 3 unsupported
-by the backend, 4 not found, 5 declined.
+URL is a subscription URL (a topic URL for publish), one of
+  ` + schemeList() + `.
+Exit codes: 0 done, 1 failed, 2 usage, 3 unsupported by the backend,
+4 not found, 5 declined.
 `)
 	return b.String()
+}
+
+// brokerSchemes returns the schemes this binary registers, mem excluded
+// (refused: see errMemURL), sorted. The help and the errors name them from
+// the registry, so that a backend added to the imports is named everywhere.
+func brokerSchemes() []string {
+	return slices.DeleteFunc(driver.DefaultMux().SubscriptionSchemes(), func(s string) bool { return s == "mem" })
+}
+
+// schemeList returns "a://, b:// or c://" of brokerSchemes.
+func schemeList() string {
+	s := brokerSchemes()
+	for i := range s {
+		s[i] += "://"
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
 
 // cli is one invocation: its streams and the secrets to keep out of them.
@@ -213,9 +234,11 @@ var errDeclined = errors.New("not confirmed; nothing done")
 var errHelp = errors.New("help printed")
 
 // errMemURL refuses a mem:// URL.
-var errMemURL = usagef("mem:// URLs name an in-memory broker that lives inside one process: " +
-	"this command runs in a process of its own and would always find it empty. " +
-	"Give a postgres://, pubsub://, sqs:// or pulsar:// URL")
+func errMemURL() error {
+	return usagef("%s", "mem:// URLs name an in-memory broker that lives inside one process: "+
+		"this command runs in a process of its own and would always find it empty. "+
+		"Give a "+schemeList()+" URL")
+}
 
 // timeoutError is the cause of a command context's deadline.
 type timeoutError struct{ d time.Duration }
@@ -444,7 +467,7 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 	}
 	c.addSecrets(pos[0])
 	if u, err := url.Parse(pos[0]); err == nil && strings.EqualFold(u.Scheme, "mem") && !c.allowMem {
-		return "", errMemURL
+		return "", errMemURL()
 	}
 	return pos[0], nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -39,8 +40,43 @@ func pulsarBackend(context.Context) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	sopts := &pulsar.SubscriptionOptions{Ordering: policy.Ordered, ReceiverQueueSize: pulsarQueue, Logger: quiet()}
-	f := func(ctx context.Context, id string) (*koDriver, error) {
+	factory := func(noRecord bool) koFactory {
+		sopts := &pulsar.SubscriptionOptions{Ordering: policy.Ordered, ReceiverQueueSize: pulsarQueue, Logger: quiet(), NoRunRecord: noRecord}
+		return pulsarFactory(client, sopts)
+	}
+	t := koTuning{
+		subscribe:  subscribe.Config{Workers: 64, MaxOutstanding: pulsarQueue},
+		publish:    publish.Config{MaxBatch: 1000},
+		publishers: 4, chunk: 1000,
+	}
+	systems := append([]system{{name: "raw pulsar-client-go", ref: true,
+		open: func(ctx context.Context, id string) (endpoint, error) { return openPulsarRaw(ctx, client, id) }}},
+		koSystems(factory(false), t)...)
+	if *pulsarNoRunRecord {
+		// The same systems without the run record, side by side.
+		for _, s := range koSystems(factory(true), t) {
+			s.name += " (no run record)"
+			systems = append(systems, s)
+		}
+	}
+	return &backend{
+		name:  "pulsar",
+		title: "Pulsar (standalone broker)",
+		note: fmt.Sprintf("Raw: pulsar-client-go, SendAsync with key-based batching (delay %v), one Key_Shared consumer acking each message. "+
+			"keyorder: Ordered (Key_Shared), %s; both with a receiver queue of %d.", pulsarDelay, lanesNote(64), pulsarQueue),
+		systems: systems,
+		close:   client.Close,
+		stats:   pulsarStats(reg),
+	}, nil
+}
+
+// pulsarNoRunRecord adds keyorder's systems without the run record.
+var pulsarNoRunRecord = flag.Bool("pulsar-no-run-record", false,
+	"pulsar: also run keyorder's systems with SubscriptionOptions.NoRunRecord, side by side")
+
+// pulsarFactory opens keyorder's drivers on a fresh topic per run.
+func pulsarFactory(client gopulsar.Client, sopts *pulsar.SubscriptionOptions) koFactory {
+	return func(ctx context.Context, id string) (*koDriver, error) {
 		topic := "persistent://public/default/" + id
 		// The first consumer creates the subscription; it detaches until
 		// the consume phase.
@@ -61,22 +97,6 @@ func pulsarBackend(context.Context) (*backend, error) {
 			cleanup: func() {},
 		}, nil
 	}
-	t := koTuning{
-		subscribe:  subscribe.Config{Workers: 64, MaxOutstanding: pulsarQueue},
-		publish:    publish.Config{MaxBatch: 1000},
-		publishers: 4, chunk: 1000,
-	}
-	return &backend{
-		name:  "pulsar",
-		title: "Pulsar (standalone broker)",
-		note: fmt.Sprintf("Raw: pulsar-client-go, SendAsync with key-based batching (delay %v), one Key_Shared consumer acking each message. "+
-			"keyorder: Ordered (Key_Shared), %s; both with a receiver queue of %d.", pulsarDelay, lanesNote(64), pulsarQueue),
-		systems: append([]system{{name: "raw pulsar-client-go", ref: true,
-			open: func(ctx context.Context, id string) (endpoint, error) { return openPulsarRaw(ctx, client, id) }}},
-			koSystems(f, t)...),
-		close: client.Close,
-		stats: pulsarStats(reg),
-	}, nil
 }
 
 type pulsarRaw struct {

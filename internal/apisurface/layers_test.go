@@ -32,6 +32,7 @@ var layers = map[string]int{
 	"adapters/watermill":  6, // mounts the portable packages on Watermill
 	"integration":         6, // the conformance suite, importable by adapter modules
 	"internal/opentest":   6,
+	"internal/proctest":   6, // crash tests' consumer processes, for adapter modules' tests
 	"internal/urlfuzz":    6,
 	"internal/apisurface": 7,
 	"internal/doclinks":   7, // a test of the Markdown links; imports nothing of ours

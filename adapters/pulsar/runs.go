@@ -1,0 +1,429 @@
+package pulsar
+
+// This file: the run record (driver.StartRecorder, driver.Returner). The
+// broker counts a nack but not a consumer that dies, so a message that
+// kills its process would run forever as attempt 1. The driver keeps its
+// own count on a topic of its own, <topic>-<subscription>-runs, one record
+// per message (keyed by its position, so a redriven copy starts afresh):
+//
+//   - Lazily. Started only notes the start; a record is written when the
+//     handler has run runRecordDelay and is still running (most handlers
+//     end sooner and cost no write at all), with the runs it made so far.
+//   - Synchronously when it matters. A message that may have been running
+//     in a consumer that went away (see suspect) is recorded before its
+//     handler starts, and Started waits for it: a message that kills its
+//     process faster than runRecordDelay is then counted from its second
+//     run on.
+//   - Read at receive. Every driver reads the record topic to its end when
+//     it opens (the high-water sync) and tails it afterwards; a delivery's
+//     Attempt is one more than the larger of the broker's redelivery count
+//     and the record's runs, and a returned message's remaining delay
+//     becomes its NotBefore.
+//   - Cleared when done. Ack (and DeadLetter) of a message with a record
+//     writes a tombstone; Return writes the attempts and the delay.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/keyorder/keyorder/driver"
+)
+
+// Run record properties.
+const (
+	// PropRuns is a run record's count: the attempts its message used.
+	PropRuns = "keyorder-runs"
+	// PropRunDone marks a tombstone: the message is settled.
+	PropRunDone = "keyorder-run-done"
+)
+
+// runRecordDelay is how long a handler runs before its start is recorded
+// (unless it is suspect): a handler that ends sooner costs no write, and a
+// process killed sooner runs the message once uncounted (then it is
+// suspect). Far below any lease. A variable for the package's tests.
+var runRecordDelay = 100 * time.Millisecond
+
+// runSyncTimeout bounds how long a receive waits for the record topic's
+// tail to catch up before it uses what it has read.
+const runSyncTimeout = 10 * time.Second
+
+// RunsTopic returns the run record topic of subscription sub on topic:
+// <topic>-<sub>-runs.
+func RunsTopic(topic, sub string) string { return topic + "-" + sub + "-runs" }
+
+// runRecord is what the record topic says of one message.
+type runRecord struct {
+	runs      int
+	notBefore time.Time
+}
+
+// runLog reads and writes the record topic of one driver.
+type runLog struct {
+	topic  string
+	delay  time.Duration // runRecordDelay when opened
+	prod   pulsar.Producer
+	reader pulsar.Reader
+	s      *subscriptionDriver
+
+	mu      sync.Mutex
+	records map[string]runRecord
+	applied pulsar.MessageID // the last record read
+	moved   chan struct{}    // closed (and replaced) when applied moves
+	pending map[*delivery]struct{}
+
+	wake   chan struct{}
+	stop   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// openRunLog opens the record topic of s and reads it to its end.
+func openRunLog(ctx context.Context, s *subscriptionDriver) (*runLog, error) {
+	topic := RunsTopic(s.topic, s.name)
+	prod, err := s.client.CreateProducer(pulsar.ProducerOptions{
+		Topic: topic, BatchingMaxPublishDelay: time.Millisecond, MaxPendingMessages: MaxPendingMessagesDefault,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pulsar: producer for run records %s: %w", topic, err)
+	}
+	reader, err := s.client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	if err != nil {
+		prod.Close()
+		return nil, fmt.Errorf("pulsar: reader of run records %s: %w", topic, err)
+	}
+	l := &runLog{
+		topic: topic, delay: runRecordDelay, prod: prod, reader: reader, s: s,
+		records: map[string]runRecord{}, moved: make(chan struct{}), pending: map[*delivery]struct{}{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	for reader.HasNext() {
+		m, err := reader.Next(ctx)
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("pulsar: read run records %s: %w", topic, err)
+		}
+		l.apply(m)
+	}
+	tctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.wg.Add(2)
+	go l.tail(tctx)
+	go l.writeLoop()
+	return l, nil
+}
+
+// apply takes in one record.
+func (l *runLog) apply(m pulsar.Message) {
+	props := m.Properties()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case props[PropRunDone] != "":
+		delete(l.records, m.Key())
+	case props[PropRuns] != "":
+		n, err := strconv.Atoi(props[PropRuns])
+		if err != nil {
+			break
+		}
+		r := runRecord{runs: n}
+		if v := props[PropNotBefore]; v != "" {
+			r.notBefore, _ = time.Parse(time.RFC3339Nano, v)
+		}
+		l.records[m.Key()] = r
+	}
+	l.applied = m.ID()
+	close(l.moved)
+	l.moved = make(chan struct{})
+}
+
+// tail reads the records other consumers write, until the log closes.
+func (l *runLog) tail(ctx context.Context) {
+	defer l.wg.Done()
+	for {
+		m, err := l.reader.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			l.s.opts.Logger.Warn("keyorder: pulsar: reading run records failed; retrying", "topic", l.topic, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		l.apply(m)
+	}
+}
+
+// sync waits until the tail has read every record written before it was
+// called (or ctx ends, or runSyncTimeout passes).
+func (l *runLog) sync(ctx context.Context) error {
+	last, err := l.reader.GetLastMessageID()
+	if err != nil {
+		return err
+	}
+	if last == nil || last.LedgerID() < 0 || last.EntryID() < 0 {
+		return nil
+	}
+	timeout := time.NewTimer(runSyncTimeout)
+	defer timeout.Stop()
+	for {
+		l.mu.Lock()
+		done := l.applied != nil && notBefore(l.applied, last)
+		moved := l.moved
+		l.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.stop:
+			return errClosed
+		case <-timeout.C:
+			return fmt.Errorf("pulsar: run records %s: the tail did not catch up within %v", l.topic, runSyncTimeout)
+		}
+	}
+}
+
+// notBefore reports whether a is at or after b (batch members compared
+// when both have an index).
+func notBefore(a, b pulsar.MessageID) bool {
+	if a.LedgerID() != b.LedgerID() {
+		return a.LedgerID() > b.LedgerID()
+	}
+	if a.EntryID() != b.EntryID() {
+		return a.EntryID() > b.EntryID()
+	}
+	return b.BatchIdx() < 0 || a.BatchIdx() >= b.BatchIdx()
+}
+
+// lookup returns the record of the message at pos.
+func (l *runLog) lookup(pos string) (runRecord, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.records[pos]
+	return r, ok
+}
+
+// send writes a record of d (runs > 0) or its tombstone (runs 0) without
+// waiting; done (if not nil) gets the result. Called with d.mu held, so
+// that a record and a later tombstone of one delivery reach the topic in
+// that order.
+func (l *runLog) send(d *delivery, runs int, notBefore time.Time, done func(error)) {
+	props := map[string]string{PropRuns: strconv.Itoa(runs)}
+	if runs == 0 {
+		props = map[string]string{PropRunDone: "1"}
+	} else if !notBefore.IsZero() {
+		props[PropNotBefore] = notBefore.UTC().Format(time.RFC3339Nano)
+	}
+	l.prod.SendAsync(context.Background(), &pulsar.ProducerMessage{Key: d.pos, Properties: props},
+		func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
+			if err != nil {
+				l.s.opts.Logger.Warn("keyorder: pulsar: writing a run record failed", "topic", l.topic, "message", d.pos, "err", err)
+			}
+			if done != nil {
+				done(err)
+			}
+		})
+}
+
+// started notes that the handlers of ds start: a suspect delivery's runs
+// are written now and waited for, the others' later (writeLoop).
+func (l *runLog) started(ctx context.Context, ds []*delivery) error {
+	now := time.Now()
+	var wait []chan error
+	anyLazy := false
+	for _, d := range ds {
+		lazy := false
+		d.mu.Lock()
+		d.runs++
+		d.startedAt = now
+		if d.suspect && !d.settled {
+			n := d.base + d.runs
+			d.recorded = n
+			ch := make(chan error, 1)
+			l.send(d, n, time.Time{}, func(err error) { ch <- err })
+			wait = append(wait, ch)
+		} else {
+			lazy = true
+		}
+		d.mu.Unlock()
+		if lazy {
+			anyLazy = true
+			l.mu.Lock()
+			l.pending[d] = struct{}{}
+			l.mu.Unlock()
+		}
+	}
+	if anyLazy {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	for _, ch := range wait {
+		select {
+		case err := <-ch:
+			if err != nil {
+				return fmt.Errorf("pulsar: record a start: %w", err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.stop:
+			return errClosed
+		}
+	}
+	return nil
+}
+
+// writeLoop writes the runs of handlers that have run runRecordDelay and
+// still run, until the log closes.
+func (l *runLog) writeLoop() {
+	defer l.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-l.wake:
+		case <-t.C:
+		}
+		now := time.Now()
+		next := time.Duration(0)
+		l.mu.Lock()
+		ds := make([]*delivery, 0, len(l.pending))
+		for d := range l.pending {
+			ds = append(ds, d)
+		}
+		l.mu.Unlock()
+		for _, d := range ds {
+			d.mu.Lock()
+			n := d.base + d.runs
+			switch due := d.startedAt.Add(l.delay); {
+			case d.settled || d.recorded >= n:
+				l.forget(d)
+			case !now.Before(due):
+				d.recorded = n
+				l.send(d, n, time.Time{}, nil)
+				l.forget(d)
+			case next == 0 || due.Sub(now) < next:
+				next = due.Sub(now)
+			}
+			d.mu.Unlock()
+		}
+		if next > 0 {
+			t.Reset(next)
+		}
+	}
+}
+
+func (l *runLog) forget(d *delivery) {
+	l.mu.Lock()
+	delete(l.pending, d)
+	l.mu.Unlock()
+}
+
+// done writes the tombstone of a settled delivery that has a record.
+func (l *runLog) done(d *delivery) {
+	d.mu.Lock()
+	if d.hadRecord || d.recorded > 0 {
+		l.send(d, 0, time.Time{}, nil)
+	}
+	d.mu.Unlock()
+}
+
+// returned writes the attempts and retry time of rs and waits for them.
+func (l *runLog) returned(ctx context.Context, ds []*delivery, rs []driver.Returned) error {
+	chs := make([]chan error, len(ds))
+	for i, d := range ds {
+		ch := make(chan error, 1)
+		chs[i] = ch
+		d.mu.Lock()
+		d.settled = true
+		n := max(rs[i].Attempts, 1)
+		d.recorded = n
+		l.send(d, n, rs[i].NotBefore, func(err error) { ch <- err })
+		d.mu.Unlock()
+	}
+	for i, ch := range chs {
+		select {
+		case err := <-ch:
+			if err != nil {
+				return fmt.Errorf("pulsar: return %q: %w", rs[i].Message.ID, err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// close stops the log; writes already handed to the producer are flushed.
+func (l *runLog) close() {
+	select {
+	case <-l.stop:
+		return
+	default:
+	}
+	close(l.stop)
+	if l.cancel != nil {
+		l.cancel()
+	}
+	l.wg.Wait()
+	l.prod.Close()
+	l.reader.Close()
+}
+
+// Started records that the handlers of ms start (driver.StartRecorder):
+// see the package documentation, "Runs". It returns at once unless one of
+// ms may have been running in a consumer that went away; then it returns
+// when that run is recorded.
+func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) error {
+	if s.runs == nil {
+		return nil
+	}
+	ds := make([]*delivery, 0, len(ms))
+	for _, m := range ms {
+		d, err := deliveryOf(m)
+		if err != nil {
+			return err
+		}
+		ds = append(ds, d)
+	}
+	return s.runs.started(ctx, ds)
+}
+
+// Return gives rs back (driver.Returner): their attempts and retry time
+// are written to the run record, so the next delivery carries Attempt =
+// Attempts+1 and NotBefore = the retry time; then they are forgotten as
+// Release forgets them (the broker redelivers them when the consumer
+// closes). Without the run record (NoRunRecord) it is Release: both are
+// lost.
+func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	ds := make([]*delivery, len(rs))
+	for i, r := range rs {
+		d, err := deliveryOf(r.Message)
+		if err != nil {
+			return err
+		}
+		ds[i] = d
+	}
+	var err error
+	if s.runs != nil {
+		err = s.runs.returned(ctx, ds, rs)
+	}
+	for _, d := range ds {
+		s.untrack(d)
+	}
+	return err
+}

@@ -1,0 +1,155 @@
+package pulsar_test
+
+// This file: the run record (issue 28, items 2 and 3) at the driver level.
+// A "process" is a driver over a client of its own; closing both without
+// settling is what a killed process does to the broker (the connection
+// goes, the broker redelivers, its redelivery count unchanged).
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/adapters/pulsar"
+	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/policy"
+)
+
+// runsProcess opens a consumer of topicName's subscription "s" over a
+// client of its own.
+func runsProcess(t *testing.T, topicName string) (*pulsar.Subscription, func()) {
+	t.Helper()
+	client := newClient(t)
+	drv, err := pulsar.OpenSubscriptionDriver(context.Background(), client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return drv, func() { drv.Close(); client.Close() }
+}
+
+// receiveOne receives the next message within 30 s.
+func receiveOne(t *testing.T, drv *pulsar.Subscription) *driver.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ms, err := drv.Receive(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms[0]
+}
+
+// publishOne publishes one message of key "k" and returns its ID.
+func publishOne(t *testing.T, topicName, payload string) string {
+	t.Helper()
+	ctx := context.Background()
+	pub := newPublisher(ctx, t, topicName)
+	id, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(payload)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestRunsCrashLoopIsCounted: a message whose handler runs long enough to
+// be recorded (runRecordDelay) and whose process then dies comes back as
+// the next attempt, three processes in a row: attempts 1, 2, 3. Without
+// the run record every delivery was attempt 1 (the broker does not count
+// a consumer that dies).
+func TestRunsCrashLoopIsCounted(t *testing.T) {
+	topicName := uniqueTopic("runs-loop")
+	first, crash := runsProcess(t, topicName)
+	id := publishOne(t, topicName, "slow")
+	drv := first
+	for want := 1; want <= 3; want++ {
+		if want > 1 {
+			drv, crash = runsProcess(t, topicName)
+		}
+		m := receiveOne(t, drv)
+		if m.ID != id || m.Attempt != want {
+			t.Fatalf("process %d: received %q attempt %d, want %q attempt %d", want, m.ID, m.Attempt, id, want)
+		}
+		if err := drv.Started(context.Background(), []*driver.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+		// The handler runs on until its start is recorded, then the
+		// process dies.
+		waitFor(t, 30*time.Second, "the run recorded", func() bool {
+			n, ok, err := drv.RunRecord(context.Background(), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok && n == want
+		})
+		crash()
+	}
+}
+
+// TestRunsLazyStartCountsACrash: a handler that kills its process before
+// its start is recorded is not counted once; its next delivery may have
+// been running in a process that went away, so its start is recorded
+// before it runs, and the delivery after the second crash is attempt 2.
+// (The first process subscribed before the message was published, so it
+// records lazily; the record delay is set to an hour so that the crash
+// always comes first.) Without the run record: attempts 1, 1, 1.
+func TestRunsLazyStartCountsACrash(t *testing.T) {
+	pulsar.SetRunRecordDelay(t, time.Hour)
+	topicName := uniqueTopic("runs-lazy")
+	drv, crash := runsProcess(t, topicName)
+	id := publishOne(t, topicName, "fast")
+	var attempts []int
+	for p := range 3 {
+		if p > 0 {
+			drv, crash = runsProcess(t, topicName)
+		}
+		m := receiveOne(t, drv)
+		if m.ID != id {
+			t.Fatalf("process %d received %q, want %q", p, m.ID, id)
+		}
+		attempts = append(attempts, m.Attempt)
+		if err := drv.Started(context.Background(), []*driver.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+		crash() // at once
+	}
+	if attempts[0] != 1 || attempts[1] != 1 || attempts[2] != 2 {
+		t.Fatalf("attempts %v, want [1 1 2]: one uncounted crash, then every run counted", attempts)
+	}
+}
+
+// TestReturnCarriesAttemptsAndDelay: a message given back with Return
+// (a graceful stop while it waits for its retry) comes back to the next
+// process with its attempts and its retry time; once acknowledged, its
+// record is gone. Release, as before Return existed, carried neither.
+func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
+	topicName := uniqueTopic("runs-return")
+	drv, stop := runsProcess(t, topicName)
+	id := publishOne(t, topicName, "retry-later")
+	m := receiveOne(t, drv)
+	if err := drv.Started(context.Background(), []*driver.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	if err := drv.Return(context.Background(), []driver.Returned{{Message: m, Attempts: 2, NotBefore: due}}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	drv, stop = runsProcess(t, topicName)
+	defer stop()
+	m = receiveOne(t, drv)
+	if m.ID != id || m.Attempt != 3 || !m.NotBefore.Equal(due) {
+		t.Fatalf("after Return: %q attempt %d not before %v, want %q attempt 3 not before %v", m.ID, m.Attempt, m.NotBefore, id, due)
+	}
+	if err := drv.Ack(context.Background(), []*driver.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the record cleared", func() bool {
+		_, ok, err := drv.RunRecord(context.Background(), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !ok
+	})
+}
