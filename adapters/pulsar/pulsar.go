@@ -99,10 +99,17 @@
 //     (driver.StartRecorder). The start is written only when the handler
 //     has run 100 ms and still runs: most handlers end sooner and cost no
 //     write.
+//   - Receipts: a consumer records the highest position it has received
+//     (one record per Receive that moves it, written while the messages
+//     wait in the process), and a handler starts only once the receipt
+//     covering its message has landed. A consumer that opens reads every
+//     other consumer's receipts (a consumer that closes gracefully
+//     withdraws its own).
 //   - A message that may have been running in a consumer that went away
-//     (one published before this consumer subscribed, or redelivered
-//     behind a later position it already received) is recorded before its
-//     handler starts, and the handler waits for the write. A message that
+//     (one a receipt covered when this consumer subscribed, or one
+//     redelivered behind a later position it already received) is
+//     recorded before its handler starts, and the handler waits for the
+//     write. A message that
 //     kills its process faster than 100 ms thus runs once uncounted, and
 //     every run after that in a new process is counted: it runs at most
 //     MaxAttempts+1 times. A consumer that was already running when the
