@@ -2,10 +2,13 @@ package kafka
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/keyorder/keyorder/driver"
 )
 
 // commitLog records the offset commits a driver sends: partition ->
@@ -76,5 +79,88 @@ func TestCommitPickedBeforeRevocationNeverLandsAfterIt(t *testing.T) {
 	}
 	if len(log.sent) != 1 {
 		t.Errorf("commits %v, want only the revocation's", log.sent)
+	}
+}
+
+// TestRevocationTakesBackWhatWaits: partition 0 is revoked while the
+// process holds three of its records: one running (it ends during the
+// revocation), one that ran and waits for its retry, one that never
+// started. The driver calls the portable layer's revoke once, selecting
+// exactly partition 0's records, and the revocation does not wait for the
+// forgotten ones (RevokeTimeout is an hour): it commits at once, counting
+// the attempt of the one that ran, and reports them lost; partition 1's
+// record stays leased. Lost partitions are taken back with a wait of at
+// most RevokeLostTimeout. (Before the driver was Revocable, the revocation
+// waited RevokeTimeout for the records the process only held.)
+func TestRevocationTakesBackWhatWaits(t *testing.T) {
+	s, g, _ := handOutFixture(0, map[int32][]int64{0: {1, 2, 3}, 1: {4}})
+	s.opts.RevokeTimeout = time.Hour
+	log := &commitLog{}
+	s.sendCommit = log.send
+	s.gen = g
+	s.mu.Lock()
+	out := s.handOut(g, 100, nil)
+	s.mu.Unlock()
+	if got := names(out); !slices.Equal(got, []string{"p0/0", "p0/1", "p0/2", "p1/0"}) {
+		t.Fatalf("handed out %v", got)
+	}
+	ctx := context.Background()
+	if err := s.Started(ctx, out[:2]); err != nil { // p0/1 ran, failed, waits
+		t.Fatal(err)
+	}
+	type call struct {
+		selected []string
+		deadline time.Duration
+	}
+	calls := make(chan call, 2)
+	s.SetRevoke(func(rctx context.Context, selected func(*driver.Message) bool) []*driver.Message {
+		var c call
+		for _, m := range out {
+			if selected(m) {
+				c.selected = append(c.selected, string(m.Payload))
+			}
+		}
+		if dl, ok := rctx.Deadline(); ok {
+			c.deadline = time.Until(dl)
+		}
+		calls <- c
+		if len(c.selected) > 0 && c.selected[0] == "p0/0" {
+			// The running handler ends before revoke returns.
+			if err := s.Ack(ctx, out[:1]); err != nil {
+				t.Error(err)
+			}
+		}
+		return nil
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.revoked(ctx, g, []int32{0}, true)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the revocation still waits after 30 s for records the process only held")
+	}
+	if c := <-calls; !slices.Equal(c.selected, []string{"p0/0", "p0/1", "p0/2"}) {
+		t.Fatalf("revoke selected %v, want partition 0's records", c.selected)
+	}
+	lost, err := s.ExtendLeases(ctx, out[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(lost); !slices.Equal(got, []string{"p0/1", "p0/2"}) {
+		t.Errorf("leases lost %v, want p0/1 p0/2", got)
+	}
+	if len(log.sent) != 1 {
+		t.Fatalf("commits %v, want one", log.sent)
+	}
+	_, att, _, err := parseMeta(1, log.sent[0][0])
+	if err != nil || att[1] != 1 || att[2] != 0 {
+		t.Fatalf("commit %q: attempts %v (err %v), want offset 1 counted once, offset 2 not", log.sent[0][0], att, err)
+	}
+	s.revoked(ctx, g, []int32{1}, false)
+	if c := <-calls; !slices.Equal(c.selected, []string{"p1/0"}) || c.deadline <= 0 || c.deadline > RevokeLostTimeout {
+		t.Fatalf("lost partition: revoke selected %v with %v left, want p1/0 within %v", c.selected, c.deadline, RevokeLostTimeout)
 	}
 }

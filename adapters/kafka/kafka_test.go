@@ -122,6 +122,66 @@ func TestRestartRedeliversOnlyIncomplete(t *testing.T) {
 	}
 }
 
+// TestReturnCarriesAttemptsAndDue: a member gives a record back with
+// Return (it used 2 attempts; its retry is due in an hour), as the
+// subscriber does at a graceful stop for a message waiting for its retry,
+// and closes; the next member of the group receives it as attempt 3, held
+// until the due time (NotBefore, to the millisecond), and a record given
+// back with Release as it was (attempt 1, no delay).
+func TestReturnCarriesAttemptsAndDue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 1)
+	tp, err := kafka.OpenTopicDriver(ctx, cl, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(ctx, t, tp, "A", "a0", "a1")
+	send(ctx, t, tp, "B", "b0")
+	group := uniqueName("g")
+	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	s1, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := receiveN(ctx, t, s1, 3)
+	if got := payloads(ms); !slices.Equal(got, []string{"a0", "a1", "b0"}) {
+		t.Fatalf("received %v", got)
+	}
+	due := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	if err := s1.Return(ctx, []driver.Returned{{Message: ms[0], Attempts: 2, NotBefore: due}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Release(ctx, ms[1:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Ack(ctx, ms[2:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	ms = receiveN(ctx, t, s2, 2)
+	if got := payloads(ms); !slices.Equal(got, []string{"a0", "a1"}) {
+		t.Fatalf("after the restart received %v, want a0 a1", got)
+	}
+	if ms[0].Attempt != 3 || !ms[0].NotBefore.Equal(due) {
+		t.Errorf("a0 came back as attempt %d not before %v, want attempt 3 not before %v", ms[0].Attempt, ms[0].NotBefore, due)
+	}
+	if ms[1].Attempt != 1 || !ms[1].NotBefore.IsZero() {
+		t.Errorf("a1 (released) came back as attempt %d not before %v, want attempt 1 at once", ms[1].Attempt, ms[1].NotBefore)
+	}
+	if err := s2.Ack(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestBackpressure: a partition with MaxPending records outstanding above
 // its committed offset hands out no more until the offset moves; the
 // first record completing lets the next ones through.

@@ -42,6 +42,10 @@ const (
 	// RevokeTimeoutDefault bounds the wait for a revoked partition's
 	// records in flight.
 	RevokeTimeoutDefault = 20 * time.Second
+	// RevokeLostTimeout bounds how long the driver waits, when partitions
+	// are lost (another member may own them already), for the handlers of
+	// their records that were running to end (see driver.Revocable).
+	RevokeLostTimeout = time.Second
 )
 
 // SubscriptionOptions configure a subscription driver. A nil
@@ -186,6 +190,7 @@ type delivery struct {
 	deadline time.Time // guarded by the subscription's mu
 	settled  bool
 	lost     bool
+	revoked  bool // forgotten by the portable layer in a revocation
 }
 
 // position is a record's place in its topic: driver.Message.Copy.
@@ -210,6 +215,9 @@ type subscriptionDriver struct {
 	notify  chan struct{} // closed and replaced when records settle
 	waiting int           // revocations waiting on notify
 	live    map[*delivery]struct{}
+	// revoke takes back what the portable layer holds of revoked
+	// partitions (driver.Revocable); nil until SetRevoke.
+	revoke func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
 
 	commitMu sync.Mutex
 	// sendCommit sends an offset commit (sendCommit; a recorder in unit
@@ -227,6 +235,8 @@ var (
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 	_ driver.StartRecorder   = (*subscriptionDriver)(nil)
 	_ driver.Namer           = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
+	_ driver.Revocable       = (*subscriptionDriver)(nil)
 )
 
 // openSubscription returns the consuming driver of a member of group on
@@ -412,9 +422,13 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 		}
 		states = append(states, st)
 	}
+	revoke, closing := s.revoke, s.closed
 	s.mu.Unlock()
 	if len(resume) > 0 {
 		g.fetch.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
+	}
+	if revoke != nil && !closing && len(states) > 0 {
+		s.takeBack(ctx, revoke, states, graceful)
 	}
 	if graceful {
 		s.mu.Lock()
@@ -437,7 +451,7 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 			if busy > 0 {
 				busy = 0
 				for d := range s.live {
-					if d.ps.gen == g && slices.Contains(states, d.ps) && now.Before(d.deadline) {
+					if d.ps.gen == g && slices.Contains(states, d.ps) && now.Before(d.deadline) && !d.revoked {
 						busy++
 					}
 				}
@@ -495,6 +509,51 @@ func (s *subscriptionDriver) revoked(ctx context.Context, g *generation, ps []in
 		}
 	}
 	s.mu.Unlock()
+}
+
+// SetRevoke keeps the portable layer's revoke function, which the
+// revocation path calls to take back synchronously what the process holds
+// of the revoked partitions.
+func (s *subscriptionDriver) SetRevoke(revoke func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.revoke = revoke
+}
+
+// takeBack has the portable layer forget the records of states that wait
+// in the process (a parked retry, a throttled record, records behind a
+// held key), so that none of them starts here once the revocation
+// returned, and wait for those that run: up to RevokeTimeout for a
+// graceful revocation, RevokeLostTimeout for lost partitions. The
+// forgotten records are not waited for by the revocation (their leases
+// count as ended); the commit counts an attempt for each whose handler
+// had started. It is never called from Close (Close is a call of the
+// portable layer, which settled what it could before it).
+func (s *subscriptionDriver) takeBack(ctx context.Context, revoke func(context.Context, func(*driver.Message) bool) []*driver.Message, states []*partState, graceful bool) {
+	wait := RevokeLostTimeout
+	if graceful {
+		wait = s.opts.RevokeTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	running := revoke(rctx, func(m *driver.Message) bool {
+		d, ok := m.AckID.(*delivery)
+		return ok && d != nil && slices.Contains(states, d.ps)
+	})
+	still := map[*delivery]bool{}
+	for _, m := range running {
+		if d, ok := m.AckID.(*delivery); ok {
+			still[d] = true
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for d := range s.live {
+		if slices.Contains(states, d.ps) && !still[d] {
+			d.revoked = true // forgotten: not waited for
+		}
+	}
+	s.signal()
 }
 
 // Receive waits for at least one record or ctx, and returns at most
@@ -817,6 +876,33 @@ func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) 
 	return nil
 }
 
+// Return gives rs back as Release does, and keeps each one's used attempts
+// and retry due time in its partition's commit metadata, so that the next
+// owner (another member after the rebalance, or this process restarted)
+// delivers it with Attempt = Attempts+1, held until its due time (as
+// Message.NotBefore). What the metadata carries is bounded by
+// MaxMetadataBytes: past it the lowest offsets' counts are kept.
+func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rs {
+		d, err := deliveryOf(r.Message)
+		if err != nil {
+			return err
+		}
+		if !d.settled && !d.lost {
+			d.prior = max(d.prior, r.Attempts)
+			d.due = 0
+			if !r.NotBefore.IsZero() {
+				d.due = max(r.NotBefore.UnixMilli(), 1)
+			}
+			d.ps.dirty = true
+		}
+		s.settle(d, false)
+	}
+	return nil
+}
+
 // ExtendLeases renews the leases of ms and returns those whose partition
 // was revoked or whose member was given up.
 func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
@@ -829,7 +915,7 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Mess
 		if err != nil {
 			return lost, err
 		}
-		if d.lost {
+		if d.lost || d.revoked {
 			lost = append(lost, m)
 			continue
 		}
@@ -868,7 +954,7 @@ func (s *subscriptionDriver) watchdog() {
 		g := s.gen
 		expired := 0
 		for d := range s.live {
-			if g != nil && d.ps.gen == g && now.After(d.deadline) {
+			if g != nil && d.ps.gen == g && now.After(d.deadline) && !d.revoked {
 				expired++
 			}
 		}

@@ -101,8 +101,13 @@ type SubscriptionOptions struct {
 	Ordering policy.Ordering
 	// Hold selects the broker's shape. Defaults to Native.
 	Hold Hold
-	// LeaseDuration is how long a delivery stays leased without extension.
-	// Defaults to LeaseDurationDefault.
+	// Lease is how long a delivery stays leased without extension (every
+	// backend's typed options call it Lease). Defaults to
+	// LeaseDurationDefault.
+	Lease time.Duration
+	// LeaseDuration is the older name of Lease, read when Lease is not set
+	// (Lease wins when both are); it is to be marked deprecated once the
+	// repository's own tests use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -121,9 +126,13 @@ func (c *SubscriptionOptions) withDefaults() SubscriptionOptions {
 	if c != nil {
 		out = *c
 	}
+	if out.Lease > 0 {
+		out.LeaseDuration = out.Lease // Lease wins over its older name
+	}
 	if out.LeaseDuration <= 0 {
 		out.LeaseDuration = LeaseDurationDefault
 	}
+	out.Lease = out.LeaseDuration
 	if out.MaxBatch <= 0 {
 		out.MaxBatch = MaxBatchDefault
 	}
@@ -458,6 +467,20 @@ func (d *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) 
 	return d.inject(memhook.OpRelease, ms, func() error {
 		return d.s.settleOrder(ms, true, func(l *lease, now time.Time) { d.s.retry(l, time.Time{}, false, false) })
 	})
+}
+
+// Return gives back messages that ran and wait for a retry
+// (driver.Returner): each is delivered again not before its NotBefore,
+// its next delivery counted as attempt Attempts+1, holding its key until
+// then under Ordered as a Nack does. On an InProcess subscription the
+// later delivered messages of its key come back with it, uncounted, as
+// with Release; the last is returned first.
+func (d *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	ms := make([]*driver.Message, len(rs))
+	for i, r := range rs {
+		ms[i] = r.Message
+	}
+	return d.inject(memhook.OpReturn, ms, func() error { return d.s.giveBackCounted(rs) })
 }
 
 // ExtendLeases renews leases; expired ones are reported lost.
