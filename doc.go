@@ -4,7 +4,7 @@
 //
 // keyorder publishes and consumes messages in order per key on the broker a
 // team already runs — Google Cloud Pub/Sub, Amazon SQS FIFO, Apache Pulsar,
-// Apache Kafka or a native PostgreSQL queue — and keeps the same order inside the consuming
+// Apache Kafka, NATS JetStream or a native PostgreSQL queue — and keeps the same order inside the consuming
 // process with keyed worker lanes. The package is a leaf: it imports nothing
 // of keyorder, so adapters and applications can depend on it freely.
 //

@@ -50,5 +50,5 @@
 //
 // The same Recorder and checker run in keyorder's own conformance suite
 // against every backend (the in-memory one, PostgreSQL, Pub/Sub, SQS,
-// Pulsar and Kafka), so what they accept is what real brokers do.
+// Pulsar, Kafka and NATS), so what they accept is what real brokers do.
 package keyordertest

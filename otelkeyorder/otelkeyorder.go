@@ -231,8 +231,8 @@ func System(backend string) string {
 // FromURL returns the messaging.system and the destination or subscription
 // name for a keyorder URL such as "mem://ledger" or
 // "postgres://host/db?topic=t": the subscription parameter, else the topic
-// parameter (the group parameter for Kafka), else the URL's path for Pulsar
-// and Kafka (their host is the broker), else its host and path. The name never holds credentials; pass your own names
+// parameter (the group parameter for Kafka), else the URL's path for Pulsar,
+// Kafka and NATS (their host is the broker; NATS's path is the stream), else its host and path. The name never holds credentials; pass your own names
 // to Publisher and Subscriber when you want others.
 func FromURL(urlstr string) (system, name string) {
 	u, err := url.Parse(urlstr)
@@ -243,7 +243,7 @@ func FromURL(urlstr string) (system, name string) {
 	// URLs name the topic there too (the host is the database server).
 	q := u.Query()
 	where := u.Host + u.Path
-	if strings.HasPrefix(u.Scheme, "pulsar") || u.Scheme == "kafka" {
+	if strings.HasPrefix(u.Scheme, "pulsar") || u.Scheme == "kafka" || u.Scheme == "nats" {
 		where = u.Path
 	}
 	name = cmp.Or(q.Get("subscription"), q.Get("group"), q.Get("topic"), strings.TrimPrefix(where, "/"))

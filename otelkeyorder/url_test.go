@@ -18,6 +18,8 @@ func TestFromURL(t *testing.T) {
 		{"pulsar+ssl://broker:6651/public/default/ledger?subscription=apply", "pulsar", "apply"},
 		{"kafka://b1:9092,b2:9092/ledger", "kafka", "ledger"},
 		{"kafka://b1:9092/ledger?group=apply&ordering=ordered", "kafka", "apply"},
+		{"nats://n1:4222/LEDGER", "nats", "LEDGER"},
+		{"nats://n1:4222/LEDGER?subscription=apply&ordering=ordered", "nats", "apply"},
 	} {
 		if system, name := otelkeyorder.FromURL(c.url); system != c.system || name != c.name {
 			t.Errorf("FromURL(%q) = %q, %q; want %q, %q", c.url, system, name, c.system, c.name)

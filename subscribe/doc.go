@@ -186,7 +186,12 @@
 //     (MaxAttempts), the dead letter's count and the Observer see. A
 //     driver that can record starts is told right before each run (a
 //     batch's members together) that the handler starts, so that a lost
-//     lease counts only messages that ran (PostgreSQL).
+//     lease counts only messages that ran (PostgreSQL). A message is
+//     dead-lettered for its attempts after a run of its own failed;
+//     before a run only when its count is past MaxAttempts+1 (lost
+//     deliveries it may never have run used it up: it gets one run, and
+//     MaxAttempts+1 runs bound a message that kills every process running
+//     it), or past MaxAttempts where the driver records starts.
 //   - Chains: the driver owns what the broker leases together (the
 //     PostgreSQL claim's chain of one key, held until every member is
 //     settled; an SQS receive of one group); the Subscriber owns what it

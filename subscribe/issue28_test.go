@@ -389,3 +389,440 @@ func TestLostLeaseAloneHoldsLaterMessagesOfItsKey(t *testing.T) {
 		})
 	}
 }
+
+// crashHolding makes n consumers in a row receive the subscription's next
+// message and die without running it (their leases expire), as processes
+// killed while the message waited in them would.
+func crashHolding(t *testing.T, w *world, n int) {
+	t.Helper()
+	for range n {
+		c, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Receive(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+		c.Crash()
+		time.Sleep(2 * time.Second) // past the lease
+	}
+}
+
+// TestAttemptsUsedUpByLostLeases: a message whose attempt count was used up
+// by deliveries it never ran (two processes died holding it, MaxAttempts 2)
+// gets one run of its own: a success is acknowledged, a failure
+// dead-letters it after that run. Before the fix it was dead-lettered
+// unrun ("attempts exhausted (2) by lost leases").
+func TestAttemptsUsedUpByLostLeases(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		name := "succeeds"
+		if fail {
+			name = "fails"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w.publish(t, "m1", "k")
+				crashHolding(t, w, 2)
+				var attempts []int
+				s, stop := w.start(t, nil, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 2}}, func(ctx context.Context, d *keyorder.Delivery) error {
+					attempts = append(attempts, d.Attempt)
+					if fail {
+						return errors.New("fails")
+					}
+					return nil
+				})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				stop()
+				if !slices.Equal(attempts, []int{3}) {
+					t.Fatalf("m1 ran at attempts %v; want one run, at attempt 3", attempts)
+				}
+				dl, err := s.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case fail && (len(dl) != 1 || dl[0].Attempts != 3):
+					t.Fatalf("dead letters %+v; want m1 after its failed run, 3 attempts", dl)
+				case !fail && (len(dl) != 0 || counts(s).Acked != 1):
+					t.Fatalf("dead letters %+v, acked %d; want m1 acknowledged", dl, counts(s).Acked)
+				}
+			})
+		})
+	}
+}
+
+// startRecords declares driver.StartRecorder over a memory driver: the
+// broker's count then counts only deliveries whose handler started.
+type startRecords struct {
+	driver.Subscription
+	started func(ms []*driver.Message)
+}
+
+func (r startRecords) Started(ctx context.Context, ms []*driver.Message) error {
+	if r.started != nil {
+		r.started(ms)
+	}
+	return nil
+}
+
+// TestUnrunLimitFollowsStartRecords: where the driver records handler
+// starts, a message that arrives past MaxAttempts has run MaxAttempts
+// times, so it is dead-lettered without another run; where it does not
+// (TestAttemptsUsedUpByLostLeases), the same count gets one run. Before the
+// fix both were dead-lettered unrun.
+func TestUnrunLimitFollowsStartRecords(t *testing.T) {
+	for _, records := range []bool{true, false} {
+		name := "records"
+		if !records {
+			name = "no-records"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w.publish(t, "m1", "k")
+				crashHolding(t, w, 2)
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var drv driver.Subscription = raw
+				if records {
+					drv = startRecords{Subscription: raw}
+				}
+				var calls int
+				s, stop := w.start(t, drv, &subscribe.Config{Retry: policy.Retry{MaxAttempts: 2}}, func(ctx context.Context, d *keyorder.Delivery) error {
+					calls++
+					return nil
+				})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				stop()
+				dl, err := raw.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if records {
+					if calls != 0 || len(dl) != 1 {
+						t.Fatalf("with start records: calls %d, dead letters %+v; want m1 dead-lettered unrun", calls, dl)
+					}
+				} else if calls != 1 || len(dl) != 0 || counts(s).Acked != 1 {
+					t.Fatalf("without start records: calls %d, dead letters %+v; want one run, acknowledged", calls, dl)
+				}
+			})
+		})
+	}
+}
+
+// TestLostWhileStartRecordedDoesNotRun: a message whose lease is lost while
+// a slow StartRecorder records its start is not handed to the handler
+// (with a cancelled context): its redelivery runs instead.
+func TestLostWhileStartRecordedDoesNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := &reportsLost{Subscription: raw}
+		var once sync.Once
+		drv := startRecords{Subscription: lost, started: func(ms []*driver.Message) {
+			once.Do(func() {
+				lost.lose(ms[0].ID)
+				time.Sleep(10 * time.Second) // a renewal reports it lost meanwhile
+			})
+		}}
+		w.publish(t, "m1", "k")
+		var mu sync.Mutex
+		var runs []string
+		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			mu.Lock()
+			runs = append(runs, fmt.Sprintf("%s@%d cancelled=%v", d.ID, d.Attempt, ctx.Err() != nil))
+			mu.Unlock()
+			return nil
+		})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(runs) != 1 || runs[0] != "m1@2 cancelled=false" {
+			t.Fatalf("runs %v; want only m1's redelivery, its context live", runs)
+		}
+	})
+}
+
+// Return forwards driver.Returner, which embedding hides.
+func (h holdChains) Return(ctx context.Context, rs []driver.Returned) error {
+	return h.Subscription.(driver.Returner).Return(ctx, rs)
+}
+
+// restartShapes are the shapes whose failed messages wait for a retry in
+// process: memory InProcess, and a Native chain under HoldChains.
+var restartShapes = []struct {
+	name string
+	opts memory.SubscriptionOptions
+	wrap func(memhook.Subscription) driver.Subscription
+}{
+	{"InProcess", memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess}, func(s memhook.Subscription) driver.Subscription { return s }},
+	{"HoldChains", memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2}, func(s memhook.Subscription) driver.Subscription { return holdChains{s} }},
+}
+
+// runUntilClose runs one subscriber (a process) on the world's
+// subscription for life, then stops it gracefully.
+func runUntilClose(t *testing.T, w *world, life time.Duration, wrap func(memhook.Subscription) driver.Subscription, cfg *subscribe.Config, h subscribe.HandlerFunc) *subscribe.Subscriber {
+	t.Helper()
+	raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, stop := w.start(t, wrap(raw), cfg, h)
+	time.Sleep(life)
+	synctest.Wait()
+	stop()
+	return s
+}
+
+// TestGracefulRestartsKeepAttempts: a message that fails every run, with
+// graceful restarts only (each process stops while the message waits for
+// its in-process retry), keeps its count across them: it runs at attempts
+// 1, 2, 3 and is dead-lettered under MaxAttempts 3. Before the fix it ran
+// at attempts [1 1 1 1 ...] and was never dead-lettered.
+func TestGracefulRestartsKeepAttempts(t *testing.T) {
+	for _, shape := range restartShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := shape.opts
+				w := newWorld(t, &opts)
+				publishAll(t, w, "k", "m1", "m2")
+				var mu sync.Mutex
+				var attempts []int
+				var m2 int
+				h := func(ctx context.Context, d *keyorder.Delivery) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if d.ID != "m1" {
+						m2++
+						return nil
+					}
+					attempts = append(attempts, d.Attempt)
+					return errors.New("poison")
+				}
+				cfg := func() *subscribe.Config {
+					return &subscribe.Config{ShutdownTimeout: time.Second, Retry: policy.Retry{MaxAttempts: 3, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, NoJitter: true}}
+				}
+				// Each process lives 7 s: m1's 10 s retry is always due
+				// after the process that failed it stopped.
+				for range 6 {
+					runUntilClose(t, w, 7*time.Second, shape.wrap, cfg(), h)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(attempts, []int{1, 2, 3}) {
+					t.Fatalf("m1 ran at attempts %v over graceful restarts; want [1 2 3]", attempts)
+				}
+				raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
+				dl, err := raw.DeadLetters(context.Background(), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(dl) != 1 || dl[0].Message.ID != "m1" || dl[0].Attempts != 3 {
+					t.Fatalf("dead letters %+v; want m1 after 3 attempts", dl)
+				}
+				if m2 != 1 {
+					t.Fatalf("m2 ran %d times; want once, after m1 was dead-lettered", m2)
+				}
+			})
+		})
+	}
+}
+
+// TestGracefulRestartKeepsRetryDelay: a message that asked for a 1-minute
+// RetryAfter and whose process stops gracefully meanwhile is not run by the
+// next process before the minute is up (nor is its key's next message).
+// Before the fix the next process ran it at once.
+func TestGracefulRestartKeepsRetryDelay(t *testing.T) {
+	for _, shape := range restartShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := shape.opts
+				w := newWorld(t, &opts)
+				publishAll(t, w, "k", "m1", "m2")
+				var runs startLog
+				h := func(ctx context.Context, d *keyorder.Delivery) error {
+					runs.add(fmt.Sprintf("%s@%d", d.ID, d.Attempt))
+					if d.ID == "m1" && d.Attempt == 1 {
+						return keyorder.RetryAfter(errors.New("later"), time.Minute)
+					}
+					return nil
+				}
+				runUntilClose(t, w, time.Second, shape.wrap, &subscribe.Config{ShutdownTimeout: time.Second}, h)
+				if !slices.Equal(runs.get(), []string{"m1@1"}) {
+					t.Fatalf("first process ran %v; want [m1@1]", runs.get())
+				}
+				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, stop := w.start(t, shape.wrap(raw), nil, h)
+				defer stop()
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+				if !slices.Equal(runs.get(), []string{"m1@1"}) {
+					t.Fatalf("next process ran %v within the minute m1 asked for", runs.get())
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if !slices.Equal(runs.get(), []string{"m1@1", "m1@2", "m2@1"}) {
+					t.Fatalf("runs %v; want m1 again at attempt 2 after its minute, then m2", runs.get())
+				}
+			})
+		})
+	}
+}
+
+// revocable declares driver.Revocable over a memory driver, and records
+// the settlement calls made for each message after a revocation.
+type revocable struct {
+	driver.Subscription
+	mu      sync.Mutex
+	revoke  func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
+	revoked func(*driver.Message) bool
+	settled []string // "op id" of messages settled after their revocation
+}
+
+func (r *revocable) SetRevoke(f func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message) {
+	r.mu.Lock()
+	r.revoke = f
+	r.mu.Unlock()
+}
+
+func (r *revocable) note(op string, ms ...*driver.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		if r.revoked != nil && r.revoked(m) {
+			r.settled = append(r.settled, op+" "+m.ID)
+		}
+	}
+}
+
+// Receive hands out nothing revoked: the broker gives it to another
+// process now.
+func (r *revocable) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
+	ms, err := r.Subscription.Receive(ctx, n)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.revoked != nil {
+		ms = slices.DeleteFunc(ms, r.revoked)
+	}
+	return ms, err
+}
+
+func (r *revocable) Ack(ctx context.Context, ms []*driver.Message) error {
+	r.note("ack", ms...)
+	return r.Subscription.Ack(ctx, ms)
+}
+
+func (r *revocable) Nack(ctx context.Context, m *driver.Message, d time.Duration) error {
+	r.note("nack", m)
+	return r.Subscription.Nack(ctx, m, d)
+}
+
+func (r *revocable) Release(ctx context.Context, ms []*driver.Message) error {
+	r.note("release", ms...)
+	return r.Subscription.Release(ctx, ms)
+}
+
+func (r *revocable) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	r.note("deadletter", m)
+	return r.Subscription.DeadLetter(ctx, m, reason, attempts)
+}
+
+// TestRevokeTakesBackWaitingItems: when a driver.Revocable driver revokes
+// messages, those waiting in the process (a parked retry, the message
+// behind it on its held key, a throttled message) never start after the
+// revocation returned, and the one running has ended by then (its context
+// cancelled); none of them is settled by this process. Before the fix
+// SetRevoke was never called, and the waiting ones ran when their turn
+// came.
+func TestRevokeTakesBackWaitingItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: time.Hour})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := &revocable{Subscription: raw}
+		publishAll(t, w, "A", "a1", "a2") // a1 fails and waits a minute; a2 waits behind it
+		publishAll(t, w, "B", "b1")       // b1 runs until cancelled
+		publishAll(t, w, "C", "c1", "c2") // c2 waits for its throttle
+		var starts startLog
+		var mu sync.Mutex
+		var afterRevoke []string
+		revoked := false
+		bEnded := make(chan struct{})
+		cfg := &subscribe.Config{Workers: 4, Throttles: []subscribe.Throttle{{
+			By:   func(m *keyorder.Message) string { return map[bool]string{true: m.Key}[m.Key == "C"] },
+			Rate: 1.0 / 3600,
+		}}}
+		s, stop := w.start(t, drv, cfg, func(ctx context.Context, d *keyorder.Delivery) error {
+			starts.add(d.ID)
+			mu.Lock()
+			if revoked {
+				afterRevoke = append(afterRevoke, d.ID)
+			}
+			mu.Unlock()
+			switch {
+			case d.ID == "a1":
+				return keyorder.RetryAfter(errors.New("later"), time.Minute)
+			case d.ID == "b1":
+				<-ctx.Done()
+				close(bEnded)
+				return ctx.Err()
+			}
+			return nil
+		})
+		defer stop()
+		synctest.Wait()
+		drv.mu.Lock()
+		revoke := drv.revoke
+		drv.mu.Unlock()
+		if revoke == nil {
+			t.Fatal("the subscriber never called SetRevoke on a driver.Revocable driver")
+		}
+		if got := starts.get(); !slices.Contains(got, "a1") || !slices.Contains(got, "b1") || !slices.Contains(got, "c1") || slices.Contains(got, "c2") {
+			t.Fatalf("started %v before the revocation; want a1, b1, c1 and not c2", got)
+		}
+		sel := func(m *driver.Message) bool { return m.Key == "A" || m.Key == "B" || m.Key == "C" }
+		drv.mu.Lock()
+		drv.revoked = sel
+		drv.mu.Unlock()
+		still := revoke(context.Background(), sel)
+		mu.Lock()
+		revoked = true
+		mu.Unlock()
+		if len(still) != 0 {
+			t.Fatalf("revoke returned %d messages still running; want none", len(still))
+		}
+		select {
+		case <-bEnded:
+		default:
+			t.Fatal("revoke returned while b1's handler still ran")
+		}
+		time.Sleep(2 * time.Hour) // past a1's retry, c2's throttle
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(afterRevoke) != 0 {
+			t.Fatalf("started %v after their revocation", afterRevoke)
+		}
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		if len(drv.settled) != 0 {
+			t.Fatalf("settled %v after their revocation; the broker gave them to another process", drv.settled)
+		}
+		_ = s
+	})
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/lanes"
 	"github.com/keyorder/keyorder/policy"
 )
@@ -100,8 +101,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			s.redeliveredDead(it, dn)
 			continue
 		}
-		if it.attempt > s.cfg.Retry.MaxAttempts {
-			// Lost leases used up the budget before a handler could finish.
+		if it.attempt > s.unrunLimit() {
+			// Lost leases used up the budget, and more: see unrunLimit.
 			s.deadLetter(it, fmt.Sprintf("attempts exhausted (%d) by lost leases", it.attempt-1))
 			continue
 		}
@@ -115,6 +116,18 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		return run, nil, r, false
 	}
 	s.started(ctx, run)
+	for k, it := range run {
+		if it.lost.Load() {
+			// Lost while its start was being recorded: it does not run
+			// (with a cancelled context), nor anything behind it.
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
+	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
 	// The attempt's context, cancelled when it ends or a member's lease is
 	// lost (see attemptCtx); the first attempt of its first member comes
 	// with the item.
@@ -124,15 +137,29 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 	}
 	hctx.parent = ctx
 	hctx.begun = time.Since(s.born)
-	hctx.begin(s, run)
-	for _, it := range run {
+	// Each member is the attempt's (hctx set) unless it was lost (or
+	// revoked: see revoke.go) first, both under its mu: a member lost
+	// from now on is running, and its loss cancels hctx.
+	for k, it := range run {
 		it.mu.Lock()
+		if it.lost.Load() {
+			it.mu.Unlock()
+			for _, o := range run[:k] {
+				o.mu.Lock()
+				o.hctx = nil
+				o.mu.Unlock()
+			}
+			s.cut(run[k:])
+			run = run[:k]
+			break
+		}
 		it.hctx = hctx
 		it.mu.Unlock()
-		if it.lost.Load() {
-			hctx.cancel()
-		}
 	}
+	if len(run) == 0 {
+		return run, nil, lanes.Done(), false
+	}
+	hctx.begin(s, run)
 	return run, hctx, lanes.Result{}, true
 }
 
@@ -268,8 +295,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		} else {
 			it.attempt++
+			at := time.Now().Add(delay)
+			it.due = at.Sub(s.born)
 			s.park(it)
-			s.retryAside(it, time.Now().Add(delay))
+			s.retryAside(it, at)
 		}
 		return rest, lanes.RetryAt(time.Time{})
 	}
@@ -291,8 +320,10 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	// time; its flow-control token is returned so other keys keep
 	// flowing.
 	it.attempt++
+	at := time.Now().Add(delay)
+	it.due = at.Sub(s.born)
 	s.park(it)
-	return run[i:], lanes.RetryAt(time.Now().Add(delay))
+	return run[i:], lanes.RetryAt(at)
 }
 
 // cut gives back members that must not run now (the first was lost, or
@@ -354,6 +385,25 @@ type deadNote struct {
 	copy     any
 	attempt  int
 	landed   bool
+}
+
+// unrunLimit is the highest attempt a message may arrive with and still
+// run. A message is dead-lettered for its attempts after a run of its own
+// has failed (decide); before a run only when its count shows more lost
+// deliveries than a crash loop may take. Where the driver records handler
+// starts (driver.StartRecorder), a lost delivery counts only when the
+// handler started, so a message that arrives past MaxAttempts has run
+// MaxAttempts times: it is dead-lettered unrun. Elsewhere a broker may
+// count deliveries that never ran (the messages held in a process that
+// died, a chain taken whole by a receive), so a message whose count such
+// deliveries used up gets one run, at MaxAttempts+1; past that it is
+// dead-lettered unrun, which bounds a message that kills every process
+// running it to MaxAttempts+1 runs.
+func (s *Subscriber) unrunLimit() int {
+	if _, ok := s.drv.(driver.StartRecorder); ok {
+		return s.cfg.Retry.MaxAttempts
+	}
+	return s.cfg.Retry.MaxAttempts + 1
 }
 
 // call runs the handler, turning a panic into an error. end ends the

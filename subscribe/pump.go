@@ -21,6 +21,9 @@ type item struct {
 	attempt int
 	chain   *chain
 	seq     uint64 // receive order
+	// due is when the retry of a message that failed here and waits in
+	// process is due, as time since Subscriber.born (see returned).
+	due time.Duration
 	// key is the in-process group (lane key): the broker's key, refined
 	// by Config.LaneKey; fair is the fairness key. Set at receive.
 	key, fair string
@@ -112,6 +115,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.releaseTokens(n)
 			return nil
 		}
+		gen := s.revokeGen.Load() // revocations before this Receive
 		ms, err := s.drv.Receive(ctx, n)
 		if len(ms) > n {
 			// A driver broke its contract; the extra messages carry no
@@ -197,6 +201,9 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				// Behind a parked head of its key: held.
 				free += s.untoken(it)
 			}
+		}
+		if s.revokeGen.Load() != gen {
+			free += s.revokeReceived(its, gen)
 		}
 		s.mu.Unlock()
 		s.releaseTokens(free)

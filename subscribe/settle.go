@@ -50,11 +50,20 @@ func (s *Subscriber) acker(done chan<- struct{}) {
 func (s *Subscriber) ack(ctx context.Context, batch []*item, ms []*driver.Message) {
 	s.mu.Lock() // out of outstanding: a renewal now does not call them lost
 	for _, it := range batch {
-		ms = append(ms, it.m)
 		s.removeOutstanding(it)
+		if it.fenced.Load() {
+			// Revoked (see revoke.go) since it was queued: not ours to
+			// settle.
+			continue
+		}
+		ms = append(ms, it.m)
 	}
 	s.mu.Unlock()
 	defer clear(ms)
+	if len(ms) == 0 {
+		s.forgetAll(batch)
+		return
+	}
 	if err := s.drv.Ack(ctx, ms); err != nil {
 		if s.drv.IsRetryable(err) {
 			// Retried off the acker, so the acknowledgements queued

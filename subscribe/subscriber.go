@@ -60,6 +60,11 @@ type Subscriber struct {
 	// lostKeys: the keys waiting for a lost message's redelivery (see
 	// lostkey.go).
 	lostKeys map[string]*barrier
+	// revocations: the revocations made since the pump's last
+	// registration of what it received, numbered by revokeGen (see
+	// revoke.go).
+	revocations []revocation
+	revokeGen   atomic.Uint64
 	// held counts the outstanding items that hold no flow-control token
 	// (item.held); while it is at Config.MaxHeld the pump does not
 	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
@@ -254,6 +259,9 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 	if bpool != nil {
 		s.batcher = newBatcher(s, bpool, rctx)
 	}
+	if r, ok := s.drv.(driver.Revocable); ok {
+		r.SetRevoke(s.revoke)
+	}
 	runErr := s.pump(rctx, pool)
 	var unbatched []*item // open batches, never handed to the lanes
 	if s.batcher != nil {
@@ -311,7 +319,7 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 				live = append(live, it)
 			}
 		}
-		s.giveBack(live)
+		s.giveBackAtStop(live)
 	}
 	if aside := s.liftAllBarriers(); len(aside) > 0 {
 		s.cut(aside)

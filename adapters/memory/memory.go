@@ -460,6 +460,20 @@ func (d *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) 
 	})
 }
 
+// Return gives back messages that ran and wait for a retry
+// (driver.Returner): each is delivered again not before its NotBefore,
+// its next delivery counted as attempt Attempts+1, holding its key until
+// then under Ordered as a Nack does. On an InProcess subscription the
+// later delivered messages of its key come back with it, uncounted, as
+// with Release; the last is returned first.
+func (d *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	ms := make([]*driver.Message, len(rs))
+	for i, r := range rs {
+		ms[i] = r.Message
+	}
+	return d.inject(memhook.OpReturn, ms, func() error { return d.s.giveBackCounted(rs) })
+}
+
 // ExtendLeases renews leases; expired ones are reported lost.
 func (d *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*driver.Message, error) {
 	var lost []*driver.Message

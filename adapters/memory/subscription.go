@@ -19,10 +19,12 @@ import (
 type entry struct {
 	msg      driver.Message
 	attempts int
-	// InProcess bookkeeping.
+	// InProcess bookkeeping. due: returned with a retry time
+	// (Return); the key waits for it until then.
 	seq   uint64
 	acked bool
 	lease *lease
+	due   time.Time
 	// first is the lease of the first delivery, allocated with the entry
 	// (most messages are delivered once). A later delivery allocates its
 	// own: a lease is never reused, so a Message of an earlier delivery
@@ -86,6 +88,7 @@ type subscription struct {
 	seq     uint64 // InProcess
 	pending []*entry
 	keys    map[string]*ikey
+	dues    int // pending entries with a due time
 
 	entries  slab.Slab[entry] // entrySlab at a time; s.mu held
 	payloads slab.Bytes       // deliveries' payload copies; s.mu held
@@ -312,10 +315,27 @@ func (s *subscription) take(consumer, max int, now time.Time) []*driver.Message 
 		return out
 	}
 	kept := s.pending[:0]
+	var waits map[string]bool // keys whose first pending entry is not due
 	for _, e := range s.pending {
 		if len(out) >= max {
 			kept = append(kept, e)
 			continue
+		}
+		if s.dues > 0 && e.msg.Key != "" && waits[e.msg.Key] {
+			kept = append(kept, e)
+			continue
+		}
+		if !e.due.IsZero() {
+			if e.due.After(now) {
+				if waits == nil {
+					waits = map[string]bool{}
+				}
+				waits[e.msg.Key] = true
+				kept = append(kept, e)
+				continue
+			}
+			e.due = time.Time{}
+			s.dues--
 		}
 		if e.msg.Key != "" {
 			k := s.keys[e.msg.Key]
@@ -342,6 +362,13 @@ func (s *subscription) nextWake() (time.Time, bool) {
 	for _, l := range s.leases {
 		if !ok || l.deadline.Before(wake) {
 			wake, ok = l.deadline, true
+		}
+	}
+	if s.dues > 0 {
+		for _, e := range s.pending {
+			if !e.due.IsZero() && (!ok || e.due.Before(wake)) {
+				wake, ok = e.due, true
+			}
 		}
 	}
 	return wake, ok
@@ -505,6 +532,35 @@ func (s *subscription) retry(l *lease, at time.Time, counted, laterCounted bool)
 	s.pending = append(s.pending, back...)
 	slices.SortFunc(s.pending, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
 	s.pending = slices.Compact(s.pending)
+}
+
+// giveBackCounted returns rs, last first, each counted as its Attempts and
+// deliverable not before its NotBefore (Return).
+func (s *subscription) giveBackCounted(rs []driver.Returned) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		l, ok := s.leaseOf(r.Message)
+		if !ok {
+			if err == nil {
+				err = errNoLease
+			}
+			continue
+		}
+		e := l.e
+		s.retry(l, r.NotBefore, true, false)
+		e.attempts = max(r.Attempts, 0)
+		if s.q == nil && !r.NotBefore.IsZero() {
+			if e.due.IsZero() {
+				s.dues++
+			}
+			e.due = r.NotBefore
+		}
+	}
+	s.signal()
+	return err
 }
 
 func (s *subscription) extend(ms []*driver.Message) []*driver.Message {

@@ -163,6 +163,12 @@ const sqlNackDirect = `
 UPDATE {{schema}}.deliveries SET can_run_after = now() + $3::interval, lease_token = NULL
 WHERE sub_id = $1 AND id = $2 AND lease_token = $4`
 
+// sqlSetAttemptsDirect writes the attempts a direct delivery used, while
+// its lease is ours (Return; the claim counts the next one).
+const sqlSetAttemptsDirect = `
+UPDATE {{schema}}.deliveries SET attempts = $3
+WHERE sub_id = $1 AND id = $2 AND lease_token = $4`
+
 // sqlReleaseDirect gives back a direct claim without counting it. (A keyed
 // claim is given back by releasing its chain: claims write no attempt.)
 const sqlReleaseDirect = `

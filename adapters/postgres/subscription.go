@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -49,6 +50,7 @@ var (
 	_ driver.StatsReporter   = (*pgSubscription)(nil)
 	_ driver.HeldKeyLister   = (*pgSubscription)(nil)
 	_ driver.StartRecorder   = (*pgSubscription)(nil)
+	_ driver.Returner        = (*pgSubscription)(nil)
 )
 
 // ackID is a delivery's handle. A keyed delivery belongs to the chain it
@@ -480,6 +482,12 @@ func (su *pgSubscription) Ack(ctx context.Context, ms []*driver.Message) error {
 // claimable again not before delay. Under Ordered its key stays held until
 // then: nothing behind m is claimed.
 func (su *pgSubscription) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	return su.nack(ctx, m, delay, m.Attempt, false)
+}
+
+// nack is Nack writing attempts as the attempts m used; a direct delivery
+// (counted when claimed) has them written only when set is true (Return).
+func (su *pgSubscription) nack(ctx context.Context, m *driver.Message, delay time.Duration, attempts int, set bool) error {
 	as, err := ackIDs([]*driver.Message{m})
 	if err != nil {
 		return err
@@ -488,8 +496,11 @@ func (su *pgSubscription) Nack(ctx context.Context, m *driver.Message, delay tim
 	st := newSettlement(as)
 	b := &pgx.Batch{}
 	if a.chain != nil {
-		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), m.Attempt, a.token)
+		b.Queue(su.s.sql(sqlNackKeyed), su.info.id, a.id, max(delay, 0), attempts, a.token)
 	} else {
+		if set {
+			b.Queue(su.s.sql(sqlSetAttemptsDirect), su.info.id, a.id, attempts, a.token)
+		}
 		args := []any{su.info.id, a.id, max(delay, 0), a.token}
 		if su.compact {
 			args = append(args, su.info.topicID)
@@ -497,6 +508,21 @@ func (su *pgSubscription) Nack(ctx context.Context, m *driver.Message, delay tim
 		b.Queue(su.nackDirect, args...)
 	}
 	return su.run(ctx, "nack", b, st)
+}
+
+// Return gives back messages that ran and wait for a retry
+// (driver.Returner): each is nacked as Nack does, with the attempts it
+// used (its next delivery is attempt Attempts+1) and claimable again not
+// before its NotBefore, so a graceful stop keeps both the count and the
+// remaining delay. Under Ordered the key stays held until then.
+func (su *pgSubscription) Return(ctx context.Context, rs []driver.Returned) error {
+	var errs []error
+	for _, r := range rs {
+		if err := su.nack(ctx, r.Message, max(time.Until(r.NotBefore), 0), r.Attempts, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Release gives ms back without counting an attempt; they keep their place.

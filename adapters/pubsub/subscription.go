@@ -51,6 +51,7 @@ type subscriptionDriver struct {
 var (
 	_ driver.Subscription    = (*subscriptionDriver)(nil)
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
 )
 
 // delivery is a received message's AckID.
@@ -364,6 +365,29 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay 
 // never delivered yet (see the package documentation).
 func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
 	return s.modify(ctx, ms, 0)
+}
+
+// Return gives back messages that ran and wait for an in-process retry
+// (driver.Returner), at a graceful stop: each one's ack deadline is set to
+// its remaining delay (rounded up to whole seconds, at most
+// MaxAckDeadline), so Pub/Sub redelivers it when its retry is due instead
+// of at once; a longer delay is cut to 600 s. The attempts are not
+// carried: the redelivery comes with the service's count of deliveries,
+// which the in-process retries never raised (see "Attempts the service
+// does not know" in the package documentation).
+func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	var errs []error
+	for _, r := range rs {
+		d := time.Until(r.NotBefore)
+		if rem := d % time.Second; rem > 0 {
+			d += time.Second - rem
+		}
+		d = min(max(d, 0), MaxAckDeadline)
+		if err := s.modify(ctx, []*driver.Message{r.Message}, d); err != nil {
+			errs = append(errs, fmt.Errorf("pubsub: return %s: %w", r.Message.ID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (s *subscriptionDriver) modify(ctx context.Context, ms []*driver.Message, d time.Duration) error {

@@ -49,6 +49,7 @@ type subscriptionDriver struct {
 var (
 	_ driver.Subscription    = (*subscriptionDriver)(nil)
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
 )
 
 var errClosed = errors.New("sqs: subscription driver closed")
@@ -625,6 +626,42 @@ func (s *subscriptionDriver) requeue(ctx context.Context, m *driver.Message, del
 	}
 	s.book.forget(d.sqsID)
 	return nil
+}
+
+// Return gives back messages that ran and wait for an in-process retry
+// (driver.Returner), at a graceful stop.
+//
+// Under Ordered (and Parallel) each one becomes visible again after its
+// remaining delay (ChangeMessageVisibility, rounded up to whole seconds, at
+// most 12h): its group stays blocked until then, and its receive count,
+// which counted the receive it ran under, is kept; the retries run in
+// process since that receive are not carried (SQS keeps no count a process
+// can write without moving the message to the end of its group).
+//
+// Under Exclusive, where a failed message goes to the end of its group
+// anyway (see Nack), the copy sent there carries both: the attempts in
+// keyorder-attempts and the due time as its not-before time.
+func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) error {
+	var errs []error
+	for _, r := range rs {
+		delay := max(time.Until(r.NotBefore), 0)
+		if s.ordering == policy.Exclusive && r.Message.Key != "" {
+			m := *r.Message
+			m.Attempt = r.Attempts
+			if err := s.requeue(ctx, &m, delay); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+			QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.Message.AckID.(*delivery).receipt),
+			VisibilityTimeout: seconds(delay),
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: return %s: %w", r.Message.ID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Release makes messages visible again at once, in order, and records that

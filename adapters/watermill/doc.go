@@ -7,7 +7,7 @@
 //
 //   - Publisher and Subscriber implement message.Publisher and
 //     message.Subscriber over any keyorder backend (memory, PostgreSQL,
-//     Pub/Sub, SQS FIFO, Pulsar, Kafka), chosen by a URL template. The router gets
+//     Pub/Sub, SQS FIFO, Pulsar, Kafka, NATS), chosen by a URL template. The router gets
 //     messages of different keys concurrently, and a key's next message only
 //     after the current one is acknowledged; a Nack under Ordered holds only
 //     its key (retried in place with backoff, dead-lettered after

@@ -12,6 +12,7 @@ toolchain go1.26.11
 require (
 	github.com/keyorder/keyorder v0.1.0
 	github.com/keyorder/keyorder/adapters/kafka v0.1.0
+	github.com/keyorder/keyorder/adapters/nats v0.1.0
 	github.com/keyorder/keyorder/adapters/postgres v0.1.0
 	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
 	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
@@ -115,6 +116,9 @@ require (
 	sigs.k8s.io/json v0.0.0-20241010143419-9aa6b5e7a4b3 // indirect
 	sigs.k8s.io/structured-merge-diff/v4 v4.4.2 // indirect
 	sigs.k8s.io/yaml v1.4.0 // indirect
+	github.com/nats-io/nats.go v1.56.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/twmb/franz-go v1.22.3 // indirect
 	github.com/twmb/franz-go/pkg/kadm v1.20.0 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect

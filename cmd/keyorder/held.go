@@ -39,7 +39,7 @@ func (c *cli) held(ctx context.Context, args []string) error {
 	keys, err := sub.HeldKeys(ctx, *limit)
 	if errors.Is(err, keyorder.ErrUnsupported) {
 		return fmt.Errorf("held keys of %s: only PostgreSQL can list them so far (SQS hides a held group's messages; "+
-			"Pub/Sub, Pulsar and Kafka hold keys inside the consuming process): %w", c.redact(raw), keyorder.ErrUnsupported)
+			"Pub/Sub, Pulsar, Kafka and NATS hold keys inside the consuming process): %w", c.redact(raw), keyorder.ErrUnsupported)
 	}
 	if err != nil {
 		return fmt.Errorf("list held keys: %w", err)

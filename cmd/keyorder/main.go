@@ -16,7 +16,7 @@
 //
 // URL is a subscription URL (a topic URL for publish), exactly as
 // subscribe.Open and publish.Open take it; the binary registers the
-// PostgreSQL, Pub/Sub, SQS, Pulsar and Kafka schemes. It refuses mem:// URLs: the
+// PostgreSQL, Pub/Sub, SQS, Pulsar, Kafka and NATS schemes. It refuses mem:// URLs: the
 // in-memory broker lives inside one process, and this command, a process of
 // its own, would always find it empty. Output is a table by default and
 // JSON with --json. Secrets in the URL (a password, and query parameters
@@ -57,6 +57,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	_ "github.com/keyorder/keyorder/adapters/kafka"
+	_ "github.com/keyorder/keyorder/adapters/nats"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"

@@ -17,17 +17,17 @@ import (
 // in Unknown; a figure that is known is a number or a string, 0 included.
 //
 // What each backend reports today: PostgreSQL every field. Pub/Sub, SQS,
-// Pulsar and Kafka: dead (counted by listing the dead-letter topic or
-// queue); pending, keys, held and superseded are null (SQS hides a held
-// group's messages; Pub/Sub, Pulsar and Kafka hold keys inside the
-// consuming process);
+// Pulsar, Kafka and NATS: dead (counted by listing the dead-letter topic,
+// queue or stream); pending, keys, held and superseded are null (SQS hides
+// a held group's messages; Pub/Sub, Pulsar, Kafka and NATS hold keys
+// inside the consuming process);
 // max_attempts, min_backoff and max_backoff are null (no retry policy is
 // stored with the subscription: each consumer's subscribe.Config.Retry
 // applies).
 type statsJSON struct {
 	// URL is the subscription URL, secrets redacted.
 	URL string `json:"url"`
-	// Backend is the URL's scheme: postgres, pubsub, sqs, pulsar or kafka.
+	// Backend is the URL's scheme: postgres, pubsub, sqs, pulsar, kafka or nats.
 	Backend string `json:"backend"`
 	// Ordering is the subscription's policy: unordered, exclusive or
 	// ordered.

@@ -153,3 +153,5 @@ replace github.com/keyorder/keyorder/adapters/pulsar => ../../adapters/pulsar
 replace github.com/keyorder/keyorder/adapters/watermill => ../../adapters/watermill
 
 replace github.com/keyorder/keyorder/adapters/kafka => ../../adapters/kafka
+
+replace github.com/keyorder/keyorder/adapters/nats => ../../adapters/nats

@@ -49,6 +49,7 @@ var Starters = map[string]StartFunc{
 	SQS:      StartSQS,
 	Pulsar:   StartPulsar,
 	Kafka:    StartKafka,
+	NATS:     StartNATS,
 }
 
 // Env is a set of running servers.
@@ -170,7 +171,7 @@ func resolvedNote(s *Server) string {
 	if s.ResolveDuration == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" after %.1fs resolving jars", s.ResolveDuration.Seconds())
+	return fmt.Sprintf(" after %.1fs resolving jars or building", s.ResolveDuration.Seconds())
 }
 
 func merge(a, b Settings) Settings {
@@ -187,6 +188,7 @@ func merge(a, b Settings) Settings {
 		PulsarURL:          pick(a.PulsarURL, b.PulsarURL),
 		PulsarAdminURL:     pick(a.PulsarAdminURL, b.PulsarAdminURL),
 		KafkaBrokers:       pick(a.KafkaBrokers, b.KafkaBrokers),
+		NATSURL:            pick(a.NATSURL, b.NATSURL),
 	}
 }
 
@@ -196,7 +198,7 @@ func (e *Env) Report() string {
 	for _, s := range e.Servers {
 		fmt.Fprintf(&b, "%-7s start %5.1fs", s.Name, s.StartDuration.Seconds())
 		if s.ResolveDuration > 0 {
-			fmt.Fprintf(&b, "  (+%.1fs resolving jars)", s.ResolveDuration.Seconds())
+			fmt.Fprintf(&b, "  (+%.1fs resolving jars or building)", s.ResolveDuration.Seconds())
 		}
 		fmt.Fprintf(&b, "  rss %4d MiB  pid %d\n", s.RSS()>>20, s.PID())
 	}

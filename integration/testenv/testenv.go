@@ -1,6 +1,6 @@
 // Package testenv gives keyorder's tests real servers: PostgreSQL 15, Google's
-// Pub/Sub emulator, ElasticMQ (SQS FIFO), an Apache Pulsar standalone broker and
-// an Apache Kafka broker in KRaft mode.
+// Pub/Sub emulator, ElasticMQ (SQS FIFO), an Apache Pulsar standalone broker,
+// an Apache Kafka broker in KRaft mode and a NATS server with JetStream.
 //
 // Tests call Require to get a server's connection setting. The settings come from
 // environment variables, which the launcher (integration/cmd/testenv) exports
@@ -39,6 +39,8 @@ const (
 	// EnvKafkaBrokers is the comma-separated host:port list of the Kafka
 	// brokers (bootstrap servers); the launcher starts one, e.g. 127.0.0.1:9092.
 	EnvKafkaBrokers = "KEYORDER_KAFKA_BROKERS"
+	// EnvNATSURL is the nats:// URL of the NATS server (JetStream enabled).
+	EnvNATSURL = "KEYORDER_NATS_URL"
 
 	// EnvTestEnv is set to 1 by the launcher when it started every server, so a
 	// test that finds its server's variable missing fails instead of skipping.
@@ -48,7 +50,7 @@ const (
 )
 
 // SettingVars lists the environment variables that carry settings.
-var SettingVars = []string{EnvPostgresURL, EnvPubSubEmulatorHost, EnvSQSEndpoint, EnvPulsarURL, EnvPulsarAdminURL, EnvKafkaBrokers}
+var SettingVars = []string{EnvPostgresURL, EnvPubSubEmulatorHost, EnvSQSEndpoint, EnvPulsarURL, EnvPulsarAdminURL, EnvKafkaBrokers, EnvNATSURL}
 
 // Server names accepted by Require and by the launcher's --only flag.
 const (
@@ -58,10 +60,11 @@ const (
 	Pulsar      = "pulsar"
 	PulsarAdmin = "pulsar-admin" // Require only: the admin URL of the Pulsar server
 	Kafka       = "kafka"
+	NATS        = "nats"
 )
 
 // AllServers lists the servers the launcher starts by default.
-var AllServers = []string{Postgres, PubSub, SQS, Pulsar, Kafka}
+var AllServers = []string{Postgres, PubSub, SQS, Pulsar, Kafka, NATS}
 
 // Settings are the connection settings of the running servers. An empty field
 // means that server is not running.
@@ -72,6 +75,7 @@ type Settings struct {
 	PulsarURL          string // KEYORDER_PULSAR_URL
 	PulsarAdminURL     string // KEYORDER_PULSAR_ADMIN_URL
 	KafkaBrokers       string // KEYORDER_KAFKA_BROKERS
+	NATSURL            string // KEYORDER_NATS_URL
 }
 
 // FromEnv reads the settings from the environment.
@@ -83,6 +87,7 @@ func FromEnv() Settings {
 		PulsarURL:          os.Getenv(EnvPulsarURL),
 		PulsarAdminURL:     os.Getenv(EnvPulsarAdminURL),
 		KafkaBrokers:       os.Getenv(EnvKafkaBrokers),
+		NATSURL:            os.Getenv(EnvNATSURL),
 	}
 }
 
@@ -101,6 +106,7 @@ func (s Settings) Vars() [][2]string {
 	add(EnvPulsarURL, s.PulsarURL)
 	add(EnvPulsarAdminURL, s.PulsarAdminURL)
 	add(EnvKafkaBrokers, s.KafkaBrokers)
+	add(EnvNATSURL, s.NATSURL)
 	return out
 }
 
@@ -128,13 +134,15 @@ func envVar(server string) (string, bool) {
 		return EnvPulsarAdminURL, true
 	case Kafka:
 		return EnvKafkaBrokers, true
+	case NATS:
+		return EnvNATSURL, true
 	}
 	return "", false
 }
 
 // Require returns the connection setting of server ("postgres", "pubsub",
-// "sqs", "pulsar", "pulsar-admin" for Pulsar's admin URL, or "kafka" for the
-// Kafka bootstrap servers) from its environment variable.
+// "sqs", "pulsar", "pulsar-admin" for Pulsar's admin URL, "kafka" for the
+// Kafka bootstrap servers, or "nats") from its environment variable.
 //
 // When the variable is not set, the test is skipped with a message that says
 // how to run it with servers, unless CI=true or KEYORDER_TESTENV=1 (set by the
@@ -143,8 +151,8 @@ func Require(t testing.TB, server string) string {
 	t.Helper()
 	name, ok := envVar(server)
 	if !ok {
-		t.Fatalf("testenv.Require: unknown server %q (want one of %s, %s, %s, %s, %s, %s)",
-			server, Postgres, PubSub, SQS, Pulsar, PulsarAdmin, Kafka)
+		t.Fatalf("testenv.Require: unknown server %q (want one of %s, %s, %s, %s, %s, %s, %s)",
+			server, Postgres, PubSub, SQS, Pulsar, PulsarAdmin, Kafka, NATS)
 		return ""
 	}
 	if v := os.Getenv(name); v != "" {

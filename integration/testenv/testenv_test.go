@@ -61,7 +61,7 @@ func TestRequire(t *testing.T) {
 
 func TestParseServers(t *testing.T) {
 	got, err := ParseServers("")
-	if err != nil || strings.Join(got, ",") != "postgres,pubsub,sqs,pulsar,kafka" {
+	if err != nil || strings.Join(got, ",") != "postgres,pubsub,sqs,pulsar,kafka,nats" {
 		t.Fatalf("ParseServers(\"\") = %v, %v", got, err)
 	}
 	got, err = ParseServers(" pulsar, postgres,pulsar ")

@@ -38,6 +38,7 @@ const (
 	OpRelease      Op = "release"
 	OpDeadLetter   Op = "deadletter"
 	OpExtendLeases Op = "extendleases"
+	OpReturn       Op = "return" // driver.Returner
 )
 
 // Fault is what an injected settlement failure does. The zero Fault lets
@@ -64,7 +65,7 @@ type Broker interface {
 	// result fails the batch without delivering anything. nil stops.
 	FailSends(topic string, fn func(ms []*driver.Message) error)
 	// FailSettlements makes every settlement call (Ack, Nack, Release,
-	// DeadLetter, ExtendLeases) of every consumer of the subscription call
+	// DeadLetter, ExtendLeases, Return) of every consumer of the subscription call
 	// fn first, with the messages of the call; the Fault it returns decides
 	// the call's outcome. nil stops. fn may be called concurrently.
 	FailSettlements(subscription string, fn func(op Op, ms []*driver.Message) Fault) error
@@ -75,6 +76,7 @@ type Subscription interface {
 	driver.Subscription
 	driver.DeadLetterStore
 	driver.Namer
+	driver.Returner
 	// Crash makes this consumer behave as a process that died: from now on
 	// every call fails with ErrCrashed without reaching the broker (a
 	// Receive under way returns it at once), so nothing it holds is

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -388,5 +389,19 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 	if len(violations) > 0 {
 		slices.Sort(violations)
 		t.Errorf("proctest: %d order violation(s), first: %v", len(violations), violations[:min(5, len(violations))])
+	}
+}
+
+// EnvKnownBreaks, set to 1, runs the scenarios declared with KnownBreak.
+const EnvKnownBreaks = "KEYORDER_CRASH_KNOWN_BREAKS"
+
+// KnownBreak declares that a backend breaks the scenario's promise for a
+// traced cause (an open issue): the test is skipped with the cause unless
+// EnvKnownBreaks is 1, so the break stays reproducible with one variable
+// and is never hidden.
+func KnownBreak(t testing.TB, cause string) {
+	t.Helper()
+	if os.Getenv(EnvKnownBreaks) != "1" {
+		t.Skipf("known break: %s (run with %s=1 to see it fail)", cause, EnvKnownBreaks)
 	}
 }

@@ -3,6 +3,7 @@ package model_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -286,4 +287,41 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// Settled reports each Ack and DeadLetter call per message, landed or not;
+// Holds tells a live lease from one the broker took back unreported.
+func TestSettledAndHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var got []string
+		cfg := model.Config{NativeHold: true, LeaseDuration: 10 * time.Second}
+		cfg.Settled = func(op, id string, took bool) { got = append(got, fmt.Sprintf("%s %s %v", op, id, took)) }
+		b := newBroker(t, cfg)
+		send(t, b, msg("a1", "a"), msg("b1", "b"))
+		inst := b.NewInstance()
+		s := inst.Driver()
+		ms := receive(t, s, 1)
+		ms = append(ms, receive(t, s, 1)...)
+		if !inst.Holds("a1") || !inst.Holds("b1") {
+			t.Fatal("Holds: a fresh delivery is not held")
+		}
+		time.Sleep(11 * time.Second) // both leases run out unrenewed
+		if inst.Holds("a1") {
+			t.Error("Holds a1 after its lease ran out")
+		}
+		if err := s.DeadLetter(context.Background(), ms[0], "poison", 1); !errors.Is(err, model.ErrLeaseLost) {
+			t.Errorf("DeadLetter after the lease ran out = %v", err)
+		}
+		ms2 := receive(t, s, 1)
+		if err := s.DeadLetter(context.Background(), ms2[0], "poison", 2); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"dead-letter a1 false", "dead-letter " + ms2[0].ID + " true"}
+		if !equal(got, want) {
+			t.Errorf("Settled saw %q, want %q", got, want)
+		}
+		if len(b.DeadLetters()) != 1 {
+			t.Errorf("DeadLetters = %v", b.DeadLetters())
+		}
+	})
 }

@@ -1,9 +1,10 @@
 // Command testenv starts the real servers keyorder's tests run against —
 // PostgreSQL, Google's Pub/Sub emulator, ElasticMQ (SQS), a Pulsar
-// standalone broker and a Kafka broker (KRaft) — on 127.0.0.1, and stops them
+// standalone broker, a Kafka broker (KRaft) and a NATS server with JetStream
+// — on 127.0.0.1, and stops them
 // again.
 //
-//	testenv run [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] -- <command...>
+//	testenv run [--only postgres,pubsub,sqs,pulsar,kafka,nats] [--keep] -- <command...>
 //	    Start the servers, run the command with their settings in its
 //	    environment (plus KEYORDER_TESTENV=1 when all servers run), stop the
 //	    servers when it ends (also on failure, SIGINT or SIGTERM) and exit with
@@ -35,12 +36,14 @@ import (
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  testenv run [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] [--start-timeout D] -- <command...>
-  testenv up  [--only postgres,pubsub,sqs,pulsar,kafka] [--keep] [--start-timeout D]
+  testenv run [--only postgres,pubsub,sqs,pulsar,kafka,nats] [--keep] [--start-timeout D] -- <command...>
+  testenv up  [--only postgres,pubsub,sqs,pulsar,kafka,nats] [--keep] [--start-timeout D]
 
 Servers: postgres (PostgreSQL), pubsub (Google's Pub/Sub emulator),
 sqs (ElasticMQ), pulsar (Pulsar standalone), kafka (Kafka broker and
-controller in one KRaft node; KEYORDER_KAFKA_BROKERS=127.0.0.1:PORT).
+controller in one KRaft node; KEYORDER_KAFKA_BROKERS=127.0.0.1:PORT),
+nats (nats-server with JetStream, built from its Go module once;
+KEYORDER_NATS_URL=nats://127.0.0.1:PORT).
 Default: all.
 Extra Maven arguments can be given in KEYORDER_MVN_ARGS.
 `)
