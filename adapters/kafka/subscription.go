@@ -974,6 +974,9 @@ func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) e
 			return err
 		}
 		if !d.settled && !d.lost {
+			// r.Attempts counts this process's runs: the start mark
+			// (one more than prior) no longer applies.
+			d.started.Store(false)
 			d.prior = max(d.prior, r.Attempts)
 			d.due = 0
 			if !r.NotBefore.IsZero() {
