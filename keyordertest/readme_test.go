@@ -21,7 +21,7 @@ func TestLedgerKeepsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) { // fake clock: backoffs and leases take no time
 		b := memory.NewBroker()
 		b.CreateSubscription("ledger", "apply-balance", &memory.SubscriptionOptions{
-			Ordering: policy.Ordered, LeaseDuration: 30 * time.Second,
+			Ordering: policy.Ordered, Lease: 30 * time.Second,
 		})
 		pub, _ := b.OpenTopic("ledger", nil)
 		defer pub.Close(context.Background())

@@ -101,8 +101,13 @@ type SubscriptionOptions struct {
 	Ordering policy.Ordering
 	// Hold selects the broker's shape. Defaults to Native.
 	Hold Hold
-	// LeaseDuration is how long a delivery stays leased without extension.
-	// Defaults to LeaseDurationDefault.
+	// Lease is how long a delivery stays leased without extension (every
+	// backend's typed options call it Lease). Defaults to
+	// LeaseDurationDefault.
+	Lease time.Duration
+	// LeaseDuration is the older name of Lease, read when Lease is not set
+	// (Lease wins when both are); it is to be marked deprecated once the
+	// repository's own tests use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -121,9 +126,13 @@ func (c *SubscriptionOptions) withDefaults() SubscriptionOptions {
 	if c != nil {
 		out = *c
 	}
+	if out.Lease > 0 {
+		out.LeaseDuration = out.Lease // Lease wins over its older name
+	}
 	if out.LeaseDuration <= 0 {
 		out.LeaseDuration = LeaseDurationDefault
 	}
+	out.Lease = out.LeaseDuration
 	if out.MaxBatch <= 0 {
 		out.MaxBatch = MaxBatchDefault
 	}

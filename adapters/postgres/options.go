@@ -45,8 +45,13 @@ type Options struct {
 	// when it is created. URL: ordering, max_attempts, min_backoff,
 	// max_backoff, compact.
 	Subscription *SubscriptionOptions
-	// LeaseDuration is how long a claimed message (or chain) stays leased
-	// without ExtendLeases. Defaults to LeaseDurationDefault. URL: lease.
+	// Lease is how long a claimed message (or chain) stays leased without
+	// ExtendLeases (every backend's typed options call it Lease). At least
+	// LeaseDurationMin. Defaults to LeaseDurationDefault. URL: lease.
+	Lease time.Duration
+	// LeaseDuration is the older name of Lease, read when Lease is not set (Lease
+	// wins when both are); it is to be marked deprecated once the
+	// repository's own tests use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault. URL: max_batch.
@@ -122,7 +127,8 @@ func (o *Options) WithDefaults() *Options {
 	}
 	c := *o
 	c.Schema = cmp.Or(c.Schema, SchemaDefault)
-	c.LeaseDuration = cmp.Or(c.LeaseDuration, LeaseDurationDefault)
+	c.LeaseDuration = cmp.Or(c.Lease, c.LeaseDuration, LeaseDurationDefault) // Lease wins over its older name
+	c.Lease = c.LeaseDuration
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
 	c.ChainLength = cmp.Or(c.ChainLength, ChainLengthDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
@@ -143,7 +149,7 @@ func (o *Options) validate() error {
 	case !schemaRE.MatchString(o.Schema):
 		return fmt.Errorf("%w: postgres: Options.Schema %q must be a lower-case SQL identifier", keyorder.ErrInvalidConfig, o.Schema)
 	case o.LeaseDuration < LeaseDurationMin:
-		return fmt.Errorf("%w: postgres: Options.LeaseDuration %v is below %v", keyorder.ErrInvalidConfig, o.LeaseDuration, LeaseDurationMin)
+		return fmt.Errorf("%w: postgres: Options.Lease %v is below %v", keyorder.ErrInvalidConfig, o.LeaseDuration, LeaseDurationMin)
 	case o.MaxBatch < 1 || o.MaxBatch > 10000:
 		return fmt.Errorf("%w: postgres: Options.MaxBatch %d must be in [1, 10000]", keyorder.ErrInvalidConfig, o.MaxBatch)
 	case o.ChainLength < 1 || o.ChainLength > 1000:

@@ -226,10 +226,15 @@ type SubscriptionOptions struct {
 	// match the policy recorded at creation. Defaults to policy.Ordered (the
 	// zero value), as in URLs.
 	Ordering policy.Ordering
-	// AckDeadline is the subscription's ack deadline, the lease of a
-	// received message until it is extended. Used at creation; an existing
-	// subscription keeps its own. Defaults to AckDeadlineDefault; rounded
-	// up to whole seconds within [MinAckDeadline, MaxAckDeadline].
+	// Lease is the subscription's ack deadline, the lease of a received
+	// message until it is extended (URL: lease; every backend's typed
+	// options call it Lease). Used at creation; an existing subscription
+	// keeps its own. Defaults to AckDeadlineDefault; rounded up to whole
+	// seconds within [MinAckDeadline, MaxAckDeadline].
+	Lease time.Duration
+	// AckDeadline is the older name of Lease, read when Lease is not set (Lease
+	// wins when both are); it is to be marked deprecated once the
+	// repository's own tests use Lease.
 	AckDeadline time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -250,6 +255,9 @@ func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
 	if o != nil {
 		out = *o
 	}
+	if out.Lease > 0 {
+		out.AckDeadline = out.Lease // Lease wins over its older name
+	}
 	if out.AckDeadline <= 0 {
 		out.AckDeadline = AckDeadlineDefault
 	}
@@ -257,6 +265,7 @@ func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
 	if r := out.AckDeadline % time.Second; r != 0 {
 		out.AckDeadline += time.Second - r
 	}
+	out.Lease = out.AckDeadline
 	if out.MaxBatch <= 0 {
 		out.MaxBatch = MaxBatchDefault
 	}

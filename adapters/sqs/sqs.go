@@ -315,10 +315,15 @@ type Options struct {
 	// Ordering is the keyorder policy. When the queue exists its tag must
 	// match. Defaults to policy.Ordered (the zero value), as in URLs.
 	Ordering policy.Ordering
-	// Visibility is the lease of a received message (the VisibilityTimeout
-	// of each ReceiveMessage call, and the queue's default when created).
-	// At least 1s, rounded up to whole seconds, at most 12h. Defaults to
+	// Lease is the lease of a received message: the VisibilityTimeout of
+	// each ReceiveMessage call, and the queue's default when created (URL:
+	// lease; every backend's typed options call it Lease). At least 1s,
+	// rounded up to whole seconds, at most 12h. Defaults to
 	// VisibilityDefault.
+	Lease time.Duration
+	// Visibility is the older name of Lease, read when Lease is not set (Lease
+	// wins when both are); it is to be marked deprecated once the
+	// repository's own tests use Lease.
 	Visibility time.Duration
 	// OldestFirst makes Receive ask SQS for a full batch of 10 and hand
 	// out the oldest group heads among them first, putting back what the
@@ -344,10 +349,14 @@ func (o *Options) withDefaults() Options {
 	if o != nil {
 		out = *o
 	}
+	if out.Lease > 0 {
+		out.Visibility = out.Lease // Lease wins over its older name
+	}
 	if out.Visibility <= 0 {
 		out.Visibility = VisibilityDefault
 	}
 	out.Visibility = min(max(ceilSeconds(out.Visibility), time.Second), MaxVisibility)
+	out.Lease = out.Visibility
 	switch {
 	case out.WaitTime == 0:
 		out.WaitTime = WaitTimeDefault
