@@ -17,15 +17,17 @@ import (
 )
 
 // runsProcess opens a consumer of topicName's subscription "s" over a
-// client of its own.
-func runsProcess(t *testing.T, topicName string) (*pulsar.Subscription, func()) {
+// client of its own. crash closes the client only, as a killed process
+// ends its connections; stop closes the driver first, as a graceful stop.
+func runsProcess(t *testing.T, topicName string) (drv *pulsar.Subscription, crash, stop func()) {
 	t.Helper()
 	client := newClient(t)
 	drv, err := pulsar.OpenSubscriptionDriver(context.Background(), client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return drv, func() { drv.Close(); client.Close() }
+	t.Cleanup(func() { drv.Close() })
+	return drv, client.Close, func() { drv.Close(); client.Close() }
 }
 
 // receiveOne receives the next message within 30 s.
@@ -59,12 +61,11 @@ func publishOne(t *testing.T, topicName, payload string) string {
 // a consumer that dies).
 func TestRunsCrashLoopIsCounted(t *testing.T) {
 	topicName := uniqueTopic("runs-loop")
-	first, crash := runsProcess(t, topicName)
+	drv, crash, _ := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "slow")
-	drv := first
 	for want := 1; want <= 3; want++ {
 		if want > 1 {
-			drv, crash = runsProcess(t, topicName)
+			drv, crash, _ = runsProcess(t, topicName)
 		}
 		m := receiveOne(t, drv)
 		if m.ID != id || m.Attempt != want {
@@ -96,12 +97,12 @@ func TestRunsCrashLoopIsCounted(t *testing.T) {
 func TestRunsLazyStartCountsACrash(t *testing.T) {
 	pulsar.SetRunRecordDelay(t, time.Hour)
 	topicName := uniqueTopic("runs-lazy")
-	drv, crash := runsProcess(t, topicName)
+	drv, crash, _ := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "fast")
 	var attempts []int
 	for p := range 3 {
 		if p > 0 {
-			drv, crash = runsProcess(t, topicName)
+			drv, crash, _ = runsProcess(t, topicName)
 		}
 		m := receiveOne(t, drv)
 		if m.ID != id {
@@ -124,7 +125,7 @@ func TestRunsLazyStartCountsACrash(t *testing.T) {
 // record is gone. Release, as before Return existed, carried neither.
 func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
 	topicName := uniqueTopic("runs-return")
-	drv, stop := runsProcess(t, topicName)
+	drv, _, stop := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "retry-later")
 	m := receiveOne(t, drv)
 	if err := drv.Started(context.Background(), []*driver.Message{m}); err != nil {
@@ -136,7 +137,7 @@ func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
 	}
 	stop()
 
-	drv, stop = runsProcess(t, topicName)
+	drv, _, stop = runsProcess(t, topicName)
 	defer stop()
 	m = receiveOne(t, drv)
 	if m.ID != id || m.Attempt != 3 || !m.NotBefore.Equal(due) {
