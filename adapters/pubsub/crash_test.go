@@ -99,6 +99,10 @@ func TestPoisonKillsProcess(t *testing.T) {
 // random, one attempt in ten failing, MaxAttempts 2: nothing is
 // dead-lettered unrun or before two runs of its own, no key's messages run
 // out of order or at once, every message completes or is dead-lettered.
+// Declared with the poison test's cause, which applies here too; measured
+// once with KEYORDER_CRASH_KNOWN_BREAKS=1 it passed (100 keys × 20, 12
+// SIGKILLs, 19 dead letters, each after two runs of its own, 12 s), so the
+// break shows with a crash-looping message, not yet under random kills.
 func TestCrashChaos(t *testing.T) {
 	proctest.KnownBreak(t, pubsubUnrunCause)
 	res := proctest.Run(t, crashScenario(t, proctest.Scenario{

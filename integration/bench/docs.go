@@ -42,6 +42,8 @@ var docSections = []docSection{
 		command: "go run ./integration/cmd/testenv run --only pulsar -- go run ./integration/bench -backend pulsar -out integration/bench/results"},
 	{name: "kafka", title: "Kafka (KRaft broker, 8 partitions): raw franz-go vs keyorder",
 		command: "go run ./integration/cmd/testenv run --only kafka -- go run ./integration/bench -backend kafka -n 200000 -rounds 2 -alternate -only 'raw,PublishAsync,PublishBatch' -out integration/bench/results"},
+	{name: "nats", title: "NATS JetStream (nats-server 2.15.3): raw nats.go jetstream vs keyorder",
+		command: "go run ./integration/cmd/testenv run --only nats -- go run ./integration/bench -backend nats -only 'raw,PublishAsync,PublishBatch' -out integration/bench/results"},
 	{name: "pgbatch", title: "Ordered batches on PostgreSQL: hot keys",
 		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgbatch -out integration/bench/results"},
 	{name: "pgcompact", title: "PostgreSQL compaction",

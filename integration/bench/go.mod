@@ -17,10 +17,12 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/keyorder/keyorder v0.1.0
 	github.com/keyorder/keyorder/adapters/kafka v0.1.0
+	github.com/keyorder/keyorder/adapters/nats v0.1.0
 	github.com/keyorder/keyorder/adapters/postgres v0.1.0
 	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
 	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
 	github.com/keyorder/keyorder/adapters/sqs v0.1.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/prometheus/client_golang v1.23.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
@@ -107,6 +109,8 @@ require (
 	github.com/tidwall/match v1.2.0 // indirect
 	github.com/tidwall/pretty v1.2.1 // indirect
 	github.com/tidwall/sjson v1.2.5 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.opencensus.io v0.24.0 // indirect

@@ -113,7 +113,7 @@ func (o options) quickened() options {
 }
 
 // backends lists the -backend values in the order "all" runs them.
-var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar", "kafka"}
+var backends = []string{"memory", "postgres", "pubsub", "sqs", "pulsar", "kafka", "nats"}
 
 func main() {
 	var (
@@ -125,7 +125,7 @@ func main() {
 		docs   string
 		resDir string
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|kafka|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|kafka|nats|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -134,7 +134,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "directory for <backend>.md and <backend>.png (empty: stdout only)")
 	flag.StringVar(&only, "only", "", "comma-separated substrings of the systems to run (e.g. raw,PublishBatch); pgsuite: river,watermill,keyorder,keys,backlog,latency,retention")
 	flag.BoolVar(&o.quick, "quick", false, "short mode: 2,000 messages, 200 keys")
-	flag.DurationVar(&handlerWork, "work", 0, "kafka: handler time per message on both sides (keyorder's handler; the raw consumer then runs one goroutine per partition, franz-go's own example shape)")
+	flag.DurationVar(&handlerWork, "work", 0, "kafka, nats: handler time per message on both sides (keyorder's handler; the raw Kafka consumer then runs one goroutine per partition, franz-go's own example shape; the raw NATS consumer sleeps in its callback)")
 	flag.IntVar(&koWorkers, "workers", 0, "keyorder's subscribe Workers (0: each backend's setting)")
 	flag.StringVar(&koAssign, "assign", "", "keyorder's subscribe Assign: bykey or shared (empty: the subscriber's default)")
 	flag.StringVar(&docs, "docs", "", "write this file (docs/benchmarks.md) from the tables in -results and exit; runs no benchmark")
@@ -198,8 +198,8 @@ func main() {
 	if o.quick {
 		o = o.quickened()
 	}
-	if handlerWork > 0 && which != "kafka" {
-		log.Fatalf("bench: -work is implemented for -backend kafka only (the other raw sides would run without it)")
+	if handlerWork > 0 && which != "kafka" && which != "nats" {
+		log.Fatalf("bench: -work is implemented for -backend kafka and nats only (the other raw sides would run without it)")
 	}
 	names := []string{which}
 	if which == "all" {
@@ -306,8 +306,10 @@ func openBackend(ctx context.Context, name string) (*backend, error) {
 		return pulsarBackend(ctx)
 	case "kafka":
 		return kafkaBackend(ctx)
+	case "nats":
+		return natsBackend(ctx)
 	}
-	return nil, fmt.Errorf("unknown backend %q (want memory, postgres, pubsub, sqs, pulsar, kafka, all or pgsuite)", name)
+	return nil, fmt.Errorf("unknown backend %q (want memory, postgres, pubsub, sqs, pulsar, kafka, nats, all or pgsuite)", name)
 }
 
 // env returns the environment variable's value, or an error naming it.

@@ -62,8 +62,6 @@ var notLists = []notList{
 	{"docs/operations.md", "What the held gauges measure", "the backends that hold keys in process"},
 	{"docs/testing.md", "`./integration/test.sh` starts every server the tests need", "PostgreSQL is named first, with its packaging"},
 	{"docs/watermill.md", "takes a topic URL template:", "three example templates"},
-	{"docs/watermill.md", "| | memory | postgres | pubsub (emulator) |", "the backends Watermill's universal suite has run on; NATS joins once its run is recorded"},
-	{"adapters/watermill/internal/brokertest/doc.go", "Package brokertest runs Watermill's universal", "the backends Watermill's universal suite has run on; NATS joins once its run is recorded"},
 	{"docs/observability.md", "That is exact where the consuming process holds keys", "the backends that hold keys in process"},
 	{"otelkeyorder/otelkeyorder.go", "That is exact where retries run in process", "the backends that hold keys in process"},
 	{"subscribe/doc.go", "Where the process holds groups", "the backends that hold keys in process"},

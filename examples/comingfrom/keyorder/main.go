@@ -6,8 +6,8 @@
 // It runs on the in-memory backend. KEYORDER_TOPIC and
 // KEYORDER_SUBSCRIPTION (URLs) move it to another backend unchanged, e.g.
 //
-//	KEYORDER_TOPIC='kafka://127.0.0.1:9092/ledger'
-//	KEYORDER_SUBSCRIPTION='kafka://127.0.0.1:9092/ledger?group=apply-balance'
+//	KEYORDER_TOPIC='kafka://127.0.0.1:9092/ledger?create=true'
+//	KEYORDER_SUBSCRIPTION='kafka://127.0.0.1:9092/ledger?group=apply-balance&create=true'
 //
 //	KEYORDER_TOPIC='postgres://app@db/app?topic=ledger&migrate=true'
 //	KEYORDER_SUBSCRIPTION='postgres://app@db/app?topic=ledger&subscription=apply-balance&create=true'

@@ -1,7 +1,7 @@
 // Package brokertest runs Watermill's universal Pub/Sub test suite
 // (github.com/ThreeDotsLabs/watermill/pubsub/tests) over the Watermill mount
-// on every keyorder backend: memory, PostgreSQL, Pub/Sub, SQS FIFO, Pulsar
-// and Kafka, each against a real server started by integration/cmd/testenv.
+// on every keyorder backend: memory, PostgreSQL, Pub/Sub, SQS FIFO, Pulsar,
+// Kafka and NATS, each against a real server started by integration/cmd/testenv.
 //
 // It is a module of its own so that the mount's module
 // (github.com/keyorder/keyorder/adapters/watermill) requires only keyorder

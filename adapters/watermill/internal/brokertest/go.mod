@@ -18,10 +18,13 @@ replace github.com/keyorder/keyorder/adapters/pulsar => ../../../pulsar
 
 replace github.com/keyorder/keyorder/adapters/kafka => ../../../kafka
 
+replace github.com/keyorder/keyorder/adapters/nats => ../../../nats
+
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/keyorder/keyorder v0.1.0
 	github.com/keyorder/keyorder/adapters/kafka v0.1.0
+	github.com/keyorder/keyorder/adapters/nats v0.1.0
 	github.com/keyorder/keyorder/adapters/postgres v0.1.0
 	github.com/keyorder/keyorder/adapters/pubsub v0.1.0
 	github.com/keyorder/keyorder/adapters/pulsar v0.1.0
@@ -96,6 +99,9 @@ require (
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	github.com/spaolacci/murmur3 v1.1.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
+	github.com/nats-io/nats.go v1.56.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/twmb/franz-go v1.22.3 // indirect
 	github.com/twmb/franz-go/pkg/kadm v1.20.0 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect

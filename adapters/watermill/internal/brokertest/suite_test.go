@@ -13,6 +13,7 @@ import (
 
 	_ "github.com/keyorder/keyorder/adapters/kafka"
 	_ "github.com/keyorder/keyorder/adapters/memory"
+	_ "github.com/keyorder/keyorder/adapters/nats"
 	_ "github.com/keyorder/keyorder/adapters/postgres"
 	_ "github.com/keyorder/keyorder/adapters/pubsub"
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
@@ -144,6 +145,23 @@ var suiteBackends = []suiteBackend{
 			// to get every message; members of one group share the
 			// partitions (traced: subscriber 1 got 0 of 3), so the flag
 			// stays false as for the other backends.
+			f.ForceShort = short
+		}),
+		retry: suiteRetry,
+	},
+	{
+		name:   "nats",
+		server: testenv.NATS,
+		urls: func(server string) (string, string) {
+			// The suite makes a topic per test: the opener creates its
+			// stream (4 partitions, so keys of one topic run in parallel).
+			u := server + "/{topic}?create=true&partitions=4"
+			return u, u + "&subscription={group}&ordering=ordered&lease=2s"
+		},
+		features: withFeatures(func(f *tests.Features) {
+			// As on Kafka, every subscriber of the suite's
+			// TestNewSubscriberReceivesOldMessages shares one subscription,
+			// whose processes share the partitions.
 			f.ForceShort = short
 		}),
 		retry: suiteRetry,

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	knats "github.com/keyorder/keyorder/adapters/nats"
+	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/publish"
+	"github.com/keyorder/keyorder/subscribe"
+)
+
+// natsPartitions is the partition count of keyorder's benchmark streams.
+const natsPartitions = 8
+
+func natsBackend(context.Context) (*backend, error) {
+	addr, err := env("KEYORDER_NATS_URL", "nats")
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(addr)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	drop := func(id string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, id)
+		_ = js.DeleteStream(ctx, knats.DeadLetterStream(id))
+		_ = js.DeleteKeyValue(ctx, knats.LeaseBucket(id, "bench"))
+		_ = js.DeleteKeyValue(ctx, knats.StateBucket(id, "bench"))
+	}
+	// Each endpoint gets its own connections, as separate processes would.
+	f := func(ctx context.Context, id string) (*koDriver, error) {
+		pc, err := nats.Connect(addr)
+		if err != nil {
+			return nil, err
+		}
+		pjs, _ := jetstream.New(pc)
+		if _, err := knats.EnsureStream(ctx, pjs, id, natsPartitions); err != nil {
+			pc.Close()
+			return nil, err
+		}
+		sc, err := nats.Connect(addr)
+		if err != nil {
+			pc.Close()
+			return nil, err
+		}
+		sjs, _ := jetstream.New(sc)
+		sopts := &knats.SubscriptionOptions{Ordering: policy.Ordered, Logger: quiet()}
+		return &koDriver{
+			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+				return knats.OpenTopic(ctx, pjs, id, nil, cfg)
+			},
+			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+				return knats.OpenSubscription(ctx, sjs, id, "bench", sopts, cfg)
+			},
+			cleanup: func() { pc.Close(); sc.Close(); drop(id) },
+		}, nil
+	}
+	t := koTuning{
+		subscribe:  subscribe.Config{Workers: 64, MaxOutstanding: 2000},
+		publish:    publish.Config{MaxBatch: 1000},
+		publishers: 4, chunk: 1000,
+	}
+	return &backend{
+		name:  "nats",
+		title: "NATS JetStream (nats-server 2.15.3)",
+		note: fmt.Sprintf("Raw: nats.go jetstream, PublishMsgAsync of every message then PublishAsyncComplete; one durable pull consumer "+
+			"(Consume, explicit acks) handling each message in its callback. keyorder: streams of %d partitions, Ordered, %s, "+
+			"one owner per partition (here one process).", natsPartitions, lanesNote(64)),
+		systems: append([]system{{name: "raw nats.go", ref: true,
+			open: func(ctx context.Context, id string) (endpoint, error) {
+				c, err := nats.Connect(addr)
+				if err != nil {
+					return nil, err
+				}
+				cjs, _ := jetstream.New(c)
+				if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}}); err != nil {
+					c.Close()
+					return nil, err
+				}
+				return &natsRaw{nc: c, js: cjs, stream: id, drop: drop}, nil
+			}}},
+			koSystems(f, t)...),
+		close: nc.Close,
+	}, nil
+}
+
+// natsRaw is nats.go's jetstream package on its own.
+type natsRaw struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string
+	drop   func(string)
+}
+
+func (e *natsRaw) publish(ctx context.Context, w *workload) error {
+	futs := make([]jetstream.PubAckFuture, 0, w.n())
+	for i := range w.n() {
+		f, err := e.js.PublishAsync(e.stream+"."+hex.EncodeToString([]byte(w.key(i))), w.payloads[i])
+		if err != nil {
+			return err
+		}
+		futs = append(futs, f)
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *natsRaw) consume(ctx context.Context, chk *orderCheck) error {
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+		Durable: "bench", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10000,
+	})
+	if err != nil {
+		return err
+	}
+	// With handler work the callback sleeps it: one consumer keeps the
+	// stream's order only by handling in its callback, one at a time.
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if handlerWork > 0 {
+			time.Sleep(handlerWork)
+		}
+		chk.see(m.Data())
+		_ = m.Ack()
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+func (e *natsRaw) close() {
+	e.nc.Close()
+	e.drop(e.stream)
+}
