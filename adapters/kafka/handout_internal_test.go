@@ -38,7 +38,7 @@ func handOutFixture(maxPending int, recs map[int32][]int64) (*subscriptionDriver
 	pl := &pauseLog{}
 	g := &generation{parts: map[int32]*partState{}, fetch: pl}
 	for p, ts := range recs {
-		st := &partState{p: p, gen: g, om: newOffsetMap(-1, ""), fetched: true, committed: -1}
+		st := &partState{p: p, gen: g, om: newOffsetMap(-1, ""), fetched: true, claimed: true, committed: -1}
 		for i, ms := range ts {
 			st.backlog = append(st.backlog, &kgo.Record{Topic: "t", Partition: p, Offset: int64(i),
 				Timestamp: time.UnixMilli(ms), Value: []byte(fmt.Sprintf("p%d/%d", p, i))})

@@ -110,12 +110,19 @@
 // whose handler had started (driver.StartRecorder), and leaves the group,
 // so the group moves its partitions; it rejoins on the next Receive.
 //
-// Attempts: Kafka counts no deliveries. The driver counts an attempt for a
-// record whose lease ran out while it had started, in the commit metadata;
-// the retries the subscribe package runs in process are counted there and
-// not recorded in Kafka. A process that crashes (SIGKILL) records nothing:
-// its records are redelivered, after the session timeout, with the count
-// they had at its last commit.
+// Attempts: Kafka counts no deliveries. The driver records in the commit
+// metadata that a record's handler started (driver.StartRecorder): lazily,
+// in the next periodic commit, and synchronously, before the handler runs,
+// for a record of a partition whose previous owner died without a final
+// commit (a member commits a claim, marked in use, before it hands out a
+// partition's first record; a revocation, the watchdog and Close write
+// the final, clean commit). A record that was running when its process
+// died comes back as its next attempt and is handed out alone, with
+// nothing else in flight, so that a record that kills every process it
+// runs in is dead-lettered within MaxAttempts+1 runs and charges no other
+// record. The retries the subscribe package runs in process are counted
+// there; Kafka keeps one attempt per process a record started in, and all
+// of them (with the retry's due time) for a record given back with Return.
 //
 // # Delivery semantics
 //

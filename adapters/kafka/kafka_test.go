@@ -439,3 +439,85 @@ func TestURLCreate(t *testing.T) {
 		t.Errorf("an existing topic opened with partitions=5 has %d partitions, want 3 (unchanged)", got)
 	}
 }
+
+// TestGracefulStopKeepsRetry: the subscriber and the driver together. A
+// message fails with RetryAfter(3s) and the subscriber stops gracefully
+// while it waits for the retry; the next member of the group runs it as
+// attempt 2, not before the retry was due (the subscriber hands it back
+// with driver.Returner; the driver keeps attempts and due time in the
+// commit metadata), and then the key's next message.
+func TestGracefulStopKeepsRetry(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl := newClient(t)
+	topicName := createTopic(ctx, t, cl, 1)
+	tp, err := kafka.OpenTopicDriver(ctx, cl, topicName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(ctx, t, tp, "A", "x", "y")
+	group := uniqueName("g")
+	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	const delay = 3 * time.Second
+	failed := make(chan time.Time, 1)
+	s1, err := kafka.OpenSubscription(ctx, topicName, group, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run1 := make(chan error, 1)
+	go func() {
+		run1 <- s1.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
+			if string(d.Payload) == "x" {
+				failed <- time.Now()
+				return keyorder.RetryAfter(errors.New("not yet"), delay)
+			}
+			t.Errorf("first member ran %s (attempt %d)", d.Payload, d.Attempt)
+			return nil
+		})
+	}()
+	var failedAt time.Time
+	select {
+	case failedAt = <-failed:
+	case <-ctx.Done():
+		t.Fatal("x never ran")
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+	if err := s1.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	ccancel()
+	<-run1
+	type run struct {
+		payload string
+		attempt int
+		at      time.Time
+	}
+	runs := make(chan run, 10)
+	s2, err := kafka.OpenSubscription(ctx, topicName, group, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close(context.Background())
+	go func() {
+		_ = s2.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
+			runs <- run{string(d.Payload), d.Attempt, time.Now()}
+			return nil
+		})
+	}()
+	var got []run
+	for len(got) < 2 {
+		select {
+		case r := <-runs:
+			got = append(got, r)
+		case <-ctx.Done():
+			t.Fatalf("second member ran %v", got)
+		}
+	}
+	if got[0].payload != "x" || got[0].attempt != 2 || got[1].payload != "y" || got[1].attempt != 1 {
+		t.Fatalf("second member ran %+v, want x as attempt 2, then y", got)
+	}
+	// The due time travels in milliseconds.
+	if due := failedAt.Add(delay - time.Millisecond); got[0].at.Before(due) {
+		t.Errorf("x ran again at %v, before its retry was due (%v)", got[0].at, due)
+	}
+}

@@ -19,10 +19,21 @@ import (
 // metaPrefix starts the metadata strings the driver writes (format 2:
 // each attempt entry carries a due time). metaPrefix1 starts format 1,
 // which earlier versions wrote and the driver still reads.
+// metaPrefixInUse starts format 2 as a member writes it while it owns
+// the partition (its periodic commits, and the claim it commits before
+// handing out a partition's first record); a revocation, the watchdog
+// and Close write metaPrefix. A new owner that finds metaPrefixInUse
+// knows the previous one went away without committing (a crash): what it
+// ran last may not be recorded.
 const (
-	metaPrefix  = "ko2."
-	metaPrefix1 = "ko1."
+	metaPrefix      = "ko2."
+	metaPrefixInUse = "ko2~"
+	metaPrefix1     = "ko1."
 )
+
+// metaInUse reports whether meta was written by a member that still owned
+// the partition.
+func metaInUse(meta string) bool { return strings.HasPrefix(meta, metaPrefixInUse) }
 
 // maxAttemptEntries bounds the attempt counts one commit carries.
 const maxAttemptEntries = 64
@@ -184,6 +195,15 @@ type mark struct {
 // least once), never lost; a left-out attempt count restarts from the
 // last one committed.
 func (m *offsetMap) metadata(extra map[int64]mark, maxBytes int) string {
+	return m.encode(extra, maxBytes, false)
+}
+
+// encode is metadata, with metaPrefixInUse when inUse (then never "").
+func (m *offsetMap) encode(extra map[int64]mark, maxBytes int, inUse bool) string {
+	prefix := metaPrefix
+	if inUse {
+		prefix = metaPrefixInUse
+	}
 	if m.base < 0 {
 		return ""
 	}
@@ -224,6 +244,9 @@ func (m *offsetMap) metadata(extra map[int64]mark, maxBytes int) string {
 	}
 	sort.Slice(restored, func(i, j int) bool { return restored[i] < restored[j] })
 	if len(atts) == 0 && m.runs == 0 && len(restored) == 0 {
+		if inUse {
+			return prefix
+		}
 		return ""
 	}
 	limit := (maxBytes - len(metaPrefix)) * 3 / 4 // base64 inflates 4/3
@@ -298,9 +321,12 @@ func (m *offsetMap) metadata(extra map[int64]mark, maxBytes int) string {
 		ok = emit(off, off+1)
 	}
 	if len(buf) == 1 && buf[0] == 0 {
+		if inUse {
+			return prefix
+		}
 		return ""
 	}
-	return metaPrefix + base64.RawURLEncoding.EncodeToString(buf)
+	return prefix + base64.RawURLEncoding.EncodeToString(buf)
 }
 
 var errBadMeta = errors.New("kafka: commit metadata not written by keyorder")
@@ -318,10 +344,16 @@ func parseMeta(base int64, meta string) (map[int64]bool, map[int64]int, map[int6
 	withDue := true
 	rest, ok := strings.CutPrefix(meta, metaPrefix)
 	if !ok {
+		rest, ok = strings.CutPrefix(meta, metaPrefixInUse)
+	}
+	if !ok {
 		if rest, ok = strings.CutPrefix(meta, metaPrefix1); !ok {
 			return nil, nil, nil, errBadMeta
 		}
 		withDue = false
+	}
+	if rest == "" && withDue {
+		return map[int64]bool{}, map[int64]int{}, map[int64]int64{}, nil // a claim with nothing to carry
 	}
 	buf, err := base64.RawURLEncoding.DecodeString(rest)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
+	"github.com/keyorder/keyorder/internal/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -31,6 +32,7 @@ import (
 // records in flight, as a crash would.
 
 func TestMain(m *testing.M) {
+	proctest.Main(openCrashConsumer)
 	if os.Getenv("KEYORDER_KAFKA_HELPER") != "" {
 		os.Exit(helperConsumer())
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -175,6 +176,16 @@ type partState struct {
 	backlog  []*kgo.Record // fetched, not handed out (backpressure)
 	paused   bool
 	dirty    bool // completed since the last commit
+	// claimed: this member committed its claim (metaPrefixInUse) and may
+	// hand the partition's records out.
+	claimed bool
+	// unclean: the previous owner went away without committing (its
+	// last commit was a claim or a periodic one); then records below
+	// suspect (the high watermark at the first fetch, math.MaxInt64 until
+	// it is known) may have run unrecorded, and a start of theirs is
+	// recorded before the handler runs.
+	unclean bool
+	suspect int64
 	// committed is the last offset and metadata committed.
 	committed     int64
 	committedMeta string
@@ -191,6 +202,7 @@ type delivery struct {
 	settled  bool
 	lost     bool
 	revoked  bool // forgotten by the portable layer in a revocation
+	suspect  bool // a start is recorded synchronously (see partState.unclean)
 }
 
 // position is a record's place in its topic: driver.Message.Copy.
@@ -218,6 +230,10 @@ type subscriptionDriver struct {
 	// revoke takes back what the portable layer holds of revoked
 	// partitions (driver.Revocable); nil until SetRevoke.
 	revoke func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
+	// alone is a charged suspect in flight: nothing else is handed out
+	// until it settles; gated: the last hand-out stopped for one.
+	alone *delivery
+	gated bool
 
 	commitMu sync.Mutex
 	// sendCommit sends an offset commit (sendCommit; a recorder in unit
@@ -384,6 +400,9 @@ func (s *subscriptionDriver) fetched(g *generation, resp *kmsg.OffsetFetchRespon
 		if c, ok := got[p]; ok && c.off >= 0 {
 			ps.om = newOffsetMap(c.off, c.meta)
 			ps.committed, ps.committedMeta = c.off, c.meta
+			if metaInUse(c.meta) {
+				ps.unclean, ps.suspect = true, math.MaxInt64
+			}
 		}
 	}
 }
@@ -583,6 +602,9 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 			//lint:ignore SA1012 franz-go's non-blocking poll takes a nil context
 			ferr = s.take(g, g.cl.PollRecords(nil, room))
 		}
+		if err := s.claim(ctx, g); err != nil && ctx.Err() == nil {
+			s.opts.Logger.Warn("keyorder: kafka: claiming partitions failed; retried", "topic", s.topic, "group", s.group, "err", err)
+		}
 		s.mu.Lock()
 		if out := s.handOut(g, maxMessages, nil); len(out) > 0 {
 			s.mu.Unlock()
@@ -608,6 +630,9 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 		ferr = s.take(g, fs)
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if err := s.claim(ctx, g); err != nil && ctx.Err() == nil {
+			s.opts.Logger.Warn("keyorder: kafka: claiming partitions failed; retried", "topic", s.topic, "group", s.group, "err", err)
 		}
 		s.mu.Lock()
 		out := s.handOut(g, maxMessages, nil)
@@ -636,6 +661,11 @@ func (s *subscriptionDriver) take(g *generation, fs kgo.Fetches) error {
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if st := g.parts[p.Partition]; st != nil && p.Topic == s.topic && st.unclean && st.suspect == math.MaxInt64 && p.HighWatermark >= 0 {
+			st.suspect = p.HighWatermark
+		}
+	})
 	fs.EachRecord(func(r *kgo.Record) {
 		if st := g.parts[r.Partition]; st != nil && !st.revoking && r.Topic == s.topic {
 			st.backlog = append(st.backlog, r)
@@ -671,9 +701,15 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 	if g.expired {
 		return out
 	}
+	s.gated = false
+	if a := s.alone; a != nil && !a.settled && !a.lost {
+		s.gated = true // a charged suspect runs alone
+		return out
+	}
+	s.alone = nil
 	h := make(partHeap, 0, len(g.parts))
 	for _, st := range g.parts {
-		if !st.revoking && len(st.backlog) > 0 && !s.full(st) {
+		if st.claimed && !st.revoking && len(st.backlog) > 0 && !s.full(st) {
 			h = append(h, st)
 		}
 	}
@@ -682,6 +718,21 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 	for len(h) > 0 && len(out) < max {
 		st := h[0]
 		r := st.backlog[0]
+		suspect := st.unclean && r.Offset < st.suspect
+		if n := s.suspectsOut(st); suspect && n > 0 && n+len(st.om.attempts) >= s.markRoom() {
+			// Its start could not be recorded: the partition waits
+			// until a suspect handed out completes.
+			heap.Pop(&h)
+			continue
+		}
+		charged := suspect && st.om.attempts[r.Offset] > 0
+		if charged && (len(s.live) > 0 || len(out) > 0) {
+			// A record that was running when the previous owner died
+			// waits until nothing else runs here: if it kills this
+			// process too, no other record is charged for it.
+			s.gated = true
+			break
+		}
 		st.backlog[0] = nil
 		st.backlog = st.backlog[1:]
 		if len(st.backlog) == 0 {
@@ -693,9 +744,14 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 			st.dirty = true
 		} else {
 			d.prior, d.due = prior.n, prior.due
+			d.suspect = st.unclean && r.Offset < st.suspect
 			st.inflight++
 			s.live[d] = struct{}{}
 			out = append(out, s.message(r, d))
+			if charged {
+				s.alone = d
+				break
+			}
 		}
 		if len(st.backlog) == 0 || s.full(st) {
 			heap.Pop(&h)
@@ -729,6 +785,30 @@ func (s *subscriptionDriver) handOut(g *generation, max int, out []*driver.Messa
 		g.fetch.ResumeFetchPartitions(map[string][]int32{s.topic: resume})
 	}
 	return out
+}
+
+// markRoom is how many attempt counts the commit metadata is sure to
+// carry: an entry takes at most 15 bytes (offset distance, count, due
+// time), maxAttemptEntries at most.
+func (s *subscriptionDriver) markRoom() int {
+	return min(maxAttemptEntries, (s.opts.MaxMetadataBytes-len(metaPrefix))*3/4/15)
+}
+
+// suspectsOut counts st's suspects handed out and not done. With the
+// attempt counts restored for records not handed out yet, that is what
+// the metadata must carry; one suspect is always let through. Called with
+// s.mu held.
+func (s *subscriptionDriver) suspectsOut(st *partState) int {
+	if !st.unclean || len(st.backlog) == 0 || st.backlog[0].Offset >= st.suspect {
+		return 0
+	}
+	n := 0
+	for _, e := range st.om.live() {
+		if !e.done && e.d != nil && e.d.suspect {
+			n++
+		}
+	}
+	return n
 }
 
 // partHeap orders partitions by the timestamp of their backlog's first
@@ -822,6 +902,9 @@ func (s *subscriptionDriver) settle(d *delivery, done bool) error {
 	}
 	st := d.ps
 	st.inflight--
+	if s.gated && s.wake != nil {
+		s.wake()
+	}
 	if done {
 		st.om.complete(d.off)
 		st.dirty = true
@@ -891,6 +974,9 @@ func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) e
 			return err
 		}
 		if !d.settled && !d.lost {
+			// r.Attempts counts this process's runs: the start mark
+			// (one more than prior) no longer applies.
+			d.started.Store(false)
 			d.prior = max(d.prior, r.Attempts)
 			d.due = 0
 			if !r.NotBefore.IsZero() {
@@ -926,12 +1012,72 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Mess
 
 // Started records that the handlers of ms start: a record whose lease runs
 // out after it started counts an attempt.
+//
+// The start is recorded in the commit metadata, so that a process that
+// dies while the handler runs still counts its run: lazily (the next
+// periodic commit) for most records, and synchronously, before this
+// returns, for a suspect: a record of a partition whose previous owner
+// went away without committing, which may have run there unrecorded (a
+// record that kills every process it runs in before the lazy commit would
+// otherwise run forever as attempt 1).
 func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) error {
+	var sync []*partState
+	s.mu.Lock()
 	for _, m := range ms {
 		if d, ok := m.AckID.(*delivery); ok && d != nil {
 			d.started.Store(true)
+			if d.settled || d.lost {
+				continue
+			}
+			d.ps.dirty = true
+			if d.suspect && !slices.Contains(sync, d.ps) {
+				sync = append(sync, d.ps)
+			}
 		}
 	}
+	var g *generation
+	if len(sync) > 0 {
+		g = sync[0].gen
+	}
+	s.mu.Unlock()
+	if len(sync) == 0 {
+		return nil
+	}
+	if err := s.commit(ctx, g, sync, nil, false); err != nil {
+		return fmt.Errorf("kafka: record start: %w", err)
+	}
+	return nil
+}
+
+// claim commits the claim (metaPrefixInUse) of g's partitions that have
+// records to hand out and none handed out yet: a member that dies from
+// then on leaves a commit that says so to the next owner.
+func (s *subscriptionDriver) claim(ctx context.Context, g *generation) error {
+	var states []*partState
+	s.mu.Lock()
+	for _, st := range g.parts {
+		if st.claimed || st.revoking || !st.fetched || len(st.backlog) == 0 {
+			continue
+		}
+		if st.om.base < 0 {
+			st.om.base = st.backlog[0].Offset
+		}
+		states = append(states, st)
+	}
+	s.mu.Unlock()
+	if len(states) == 0 {
+		return nil
+	}
+	if err := s.commit(ctx, g, states, nil, false); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for _, st := range states {
+		if st.committedMeta != "" && metaInUse(st.committedMeta) {
+			st.claimed = true
+		}
+	}
+	s.mu.Unlock()
 	return nil
 }
 
@@ -1063,16 +1209,23 @@ func (s *subscriptionDriver) commit(ctx context.Context, g *generation, states [
 		att := extra[st]
 		// Carry the attempts counted before for records in flight.
 		for _, e := range st.om.live() {
-			if e.d != nil && (e.d.prior > 0 || e.d.due > 0) {
+			if e.d != nil && (e.d.prior > 0 || e.d.due > 0 || e.d.started.Load()) {
 				if att == nil {
 					att = map[int64]mark{}
 				}
 				if _, ok := att[e.off]; !ok {
-					att[e.off] = mark{e.d.prior, e.d.due}
+					mk := mark{e.d.prior, e.d.due}
+					if e.d.started.Load() {
+						// It started: should this process die, its run
+						// counts (recorded lazily, by the next commit;
+						// before the handler for a suspect).
+						mk = mark{n: e.d.prior + 1}
+					}
+					att[e.off] = mk
 				}
 			}
 		}
-		meta := st.om.metadata(att, s.opts.MaxMetadataBytes)
+		meta := st.om.encode(att, s.opts.MaxMetadataBytes, !final)
 		st.dirty = false
 		if st.om.base == st.committed && meta == st.committedMeta {
 			continue
