@@ -34,6 +34,9 @@ const (
 	// RevokeTimeoutDefault bounds how long releasing a partition waits
 	// for its messages in flight.
 	RevokeTimeoutDefault = 20 * time.Second
+	// watchdogEvery is how often the driver looks for a lease that ran
+	// out unrenewed.
+	watchdogEvery = 250 * time.Millisecond
 	// fetchWait is how long one pull request waits for messages.
 	fetchWait = 250 * time.Millisecond
 )
@@ -248,19 +251,25 @@ func (s *subscriptionDriver) join(ctx context.Context) error {
 func (s *subscriptionDriver) loop(leave, end chan struct{}) {
 	defer s.wg.Done()
 	defer close(end)
-	t := time.NewTicker(s.tick())
+	// The watchdog looks every watchdogEvery (a lease that ran out is
+	// given up within that); renewals and balancing run every tick.
+	t := time.NewTicker(min(s.tick(), watchdogEvery))
 	defer t.Stop()
+	next := time.Now().Add(s.tick())
 	for {
 		select {
 		case <-leave:
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.tick())
 		if s.watchdog() {
-			cancel()
 			return
 		}
+		if time.Now().Before(next) {
+			continue
+		}
+		next = time.Now().Add(s.tick())
+		ctx, cancel := context.WithTimeout(context.Background(), s.tick())
 		s.renew(ctx)
 		s.balance(ctx)
 		s.keepBacklog()
