@@ -116,6 +116,11 @@ type part struct {
 	rev      uint64    // the ownership entry's revision: the fencing token
 	until    time.Time // ownership deadline by this process's clock
 	primed   bool      // the first fetch is in
+	settled0 bool      // the leftovers of the previous owner are in (or waited for long enough)
+	leftover int       // messages the previous owner left unacknowledged
+	leftSeq  uint64    // the last stream sequence delivered before this owner
+	got      int       // leftovers received
+	leftBy   time.Time // when to stop waiting for leftovers
 	revoking bool
 	backlog  []inMsg
 	live     int
@@ -416,6 +421,18 @@ func (s *subscriptionDriver) acquire(ctx context.Context, n int, rev uint64, sen
 	}
 	p := &part{n: n, cons: cons, rev: rev, until: sent.Add(s.ttl - s.tick()), unc: unc,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	// The previous owner's unacknowledged messages come back as their
+	// AckWait runs out, in the order they expire, not in stream order (a
+	// message extended later expires later). None of the partition is
+	// handed out until all of them are in (or two leases passed), and the
+	// backlog is kept in stream order.
+	if info := cons.CachedInfo(); info != nil && info.NumAckPending > 0 {
+		p.leftover = info.NumAckPending
+		p.leftSeq = info.Delivered.Stream
+		p.leftBy = time.Now().Add(2 * s.opts.Lease)
+	} else {
+		p.settled0 = true
+	}
 	s.mu.Lock()
 	if s.closed || !s.joined {
 		s.mu.Unlock()
@@ -465,12 +482,23 @@ func (s *subscriptionDriver) fetch(p *part) {
 					continue
 				}
 				s.mu.Lock()
-				p.backlog = append(p.backlog, inMsg{m, meta})
+				p.backlog = insertBySeq(p.backlog, inMsg{m, meta})
+				if !p.settled0 && meta.Sequence.Stream <= p.leftSeq {
+					p.got++
+				}
+				if !p.settled0 && (p.got >= p.leftover || time.Now().After(p.leftBy)) {
+					p.settled0 = true
+				}
 				s.mu.Unlock()
 				s.notify()
 			}
 			err = batch.Error()
 		}
+		s.mu.Lock()
+		if !p.settled0 && time.Now().After(p.leftBy) {
+			p.settled0 = true
+		}
+		s.mu.Unlock()
 		if first {
 			s.mu.Lock()
 			p.primed = true
@@ -486,6 +514,15 @@ func (s *subscriptionDriver) fetch(p *part) {
 			}
 		}
 	}
+}
+
+// insertBySeq inserts in into b, kept in stream order.
+func insertBySeq(b []inMsg, in inMsg) []inMsg {
+	b = append(b, in)
+	for i := len(b) - 1; i > 0 && b[i].meta.Sequence.Stream < b[i-1].meta.Sequence.Stream; i-- {
+		b[i], b[i-1] = b[i-1], b[i]
+	}
+	return b
 }
 
 func (s *subscriptionDriver) notify() {
@@ -542,17 +579,21 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 // s.mu held.
 func (s *subscriptionDriver) handOut(max int) []*driver.Message {
 	var ps []*part
+	now := time.Now()
 	for _, p := range s.parts {
-		if p.revoking {
+		// A partition past its ownership deadline (renewals failing) hands
+		// nothing out: another process may own it from its expiry on.
+		if p.revoking || now.After(p.until) {
 			continue
 		}
 		if !p.primed {
 			return nil
 		}
-		ps = append(ps, p)
+		if p.settled0 {
+			ps = append(ps, p)
+		}
 	}
 	var out []*driver.Message
-	now := time.Now()
 	for len(out) < max {
 		var best *part
 		for _, p := range ps {

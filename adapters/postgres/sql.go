@@ -214,3 +214,49 @@ WITH l AS (
 )
 UPDATE {{schema}}.heads h SET started_end = greatest(h.started_end, l.id)
 FROM l WHERE h.ctid = l.row_id`
+
+// sqlComplete settles deliveries inside the application's transaction
+// (CompleteTx), guarded by their leases: $2..$5 are the ids, keys, lease
+// tokens and direct flags. A keyed delivery is completed only while its
+// key's head still carries the token of the claim that delivered it, and
+// the head is locked FOR KEY SHARE until the transaction ends: claims lock
+// heads FOR UPDATE SKIP LOCKED, so no consumer can take the key over (even
+// once the lease has expired) before the transaction ends, and after a
+// commit the deliveries are gone for the claim's fresh snapshot. A
+// publisher's head update (FOR NO KEY UPDATE) does not conflict with KEY
+// SHARE, so a PublishTx in the same or another transaction does not wait
+// on it. A direct delivery is locked FOR UPDATE with its own token, which
+// direct claims skip likewise. It returns how many members passed the
+// guard and how many deliveries it deleted; a member that failed the
+// guard deletes nothing, and the caller refuses the whole completion.
+const sqlComplete = `
+WITH r AS (
+    SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::boolean[]) AS r(id, key, token, direct)
+), lk AS (
+    SELECT h.msg_key, h.lease_token FROM {{schema}}.heads h
+    WHERE h.sub_id = $1 AND h.msg_key = ANY(ARRAY(SELECT r.key FROM r WHERE NOT r.direct))
+      AND (h.msg_key, h.lease_token) IN (SELECT r.key, r.token FROM r WHERE NOT r.direct)
+    ORDER BY h.msg_key
+    FOR KEY SHARE OF h
+), ld AS (
+    SELECT d.id FROM {{schema}}.deliveries d
+    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT r.id FROM r WHERE r.direct))
+      AND (d.id, d.lease_token) IN (SELECT r.id, r.token FROM r WHERE r.direct)
+    ORDER BY d.id
+    FOR UPDATE OF d
+), ok AS (
+    SELECT r.id FROM r
+    WHERE (NOT r.direct AND (r.key, r.token) IN (SELECT lk.msg_key, lk.lease_token FROM lk))
+       OR (r.direct AND r.id IN (SELECT ld.id FROM ld))
+), del AS (
+    DELETE FROM {{schema}}.deliveries d
+    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT ok.id FROM ok))
+      AND (SELECT count(*) FROM ok) = cardinality($2::bigint[])
+    RETURNING d.id
+), bodies AS (
+    DELETE FROM {{schema}}.messages m USING del WHERE m.id = del.id
+    AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
+        WHERE x.sub_id = ANY (ARRAY(SELECT s.id FROM {{schema}}.subscriptions s WHERE s.topic_id = $6 AND s.id <> $1))
+          AND x.id = m.id)
+)
+SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM del)`

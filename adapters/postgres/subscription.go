@@ -64,6 +64,11 @@ type ackID struct {
 	// running unmarked (deliveries.unstarted > 0); Started writes its mark
 	// before returning (see started.go).
 	suspect bool
+	// su is the subscription that claimed it (CompleteTx finds it here).
+	su *pgSubscription
+	// committed: completed in a transaction that committed (HandleTx), so
+	// Ack has only the key to release.
+	committed atomic.Bool
 }
 
 type chain struct {
@@ -291,7 +296,7 @@ func (su *pgSubscription) claim(ctx context.Context, maxMessages int) ([]*driver
 			if m.Headers, err = decodeHeaders(headers); err != nil {
 				return err
 			}
-			a := &ackID{id: id, token: token, suspect: suspect}
+			a := &ackID{id: id, token: token, suspect: suspect, su: su}
 			if !direct {
 				c := chains[m.Key]
 				if c == nil {
@@ -462,19 +467,26 @@ func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *
 }
 
 // Ack deletes the deliveries, and the message bodies no other subscription
-// needs, and releases the keys whose chain is now settled.
+// needs, and releases the keys whose chain is now settled. Deliveries
+// completed in a committed transaction (HandleTx) are deleted already: for
+// them only the keys are released, and with no key to release the call
+// writes nothing.
 func (su *pgSubscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
 	}
-	ids := make([]int64, len(as))
-	for i, a := range as {
-		ids[i] = a.id
+	ids := make([]int64, 0, len(as))
+	for _, a := range as {
+		if !a.committed.Load() {
+			ids = append(ids, a.id)
+		}
 	}
 	st := newSettlement(as)
 	b := &pgx.Batch{}
-	b.Queue(su.s.sql(sqlAck), su.info.id, ids, su.info.topicID)
+	if len(ids) > 0 {
+		b.Queue(su.s.sql(sqlAck), su.info.id, ids, su.info.topicID)
+	}
 	return su.run(ctx, "ack", b, st)
 }
 

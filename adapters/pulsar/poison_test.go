@@ -149,6 +149,7 @@ func TestPoisonKillingItsProcessIsDeadLettered(t *testing.T) {
 	pub := newPublisher(ctx, t, topicName)
 	const keys, perKey = 40, 10
 	total := 0
+	var all []string // every payload but the poison's
 	var poisonID string
 	for k := range keys {
 		key := "k" + strconv.Itoa(k)
@@ -167,11 +168,19 @@ func TestPoisonKillingItsProcessIsDeadLettered(t *testing.T) {
 			}
 			poisonID = ids[1]
 			total += len(pk) - 1
+			for _, m := range pk {
+				if string(m.Payload) != "poison" {
+					all = append(all, string(m.Payload))
+				}
+			}
 		}
 		if _, err := pub.PublishBatch(ctx, ms); err != nil {
 			t.Fatal(err)
 		}
 		total += perKey
+		for _, m := range ms {
+			all = append(all, string(m.Payload))
+		}
 	}
 
 	run := &poisonRun{done: map[string][]string{}, seen: map[string]bool{}, exits: map[string]int{}}
@@ -248,7 +257,16 @@ func TestPoisonKillingItsProcessIsDeadLettered(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 120 s: poison runs %v, dead-lettered %t, %d of %d other messages completed", attempts, deadAttempts != "", completed, total)
+			run.mu.Lock()
+			var missing []string
+			for _, p := range all {
+				if !run.seen[p] {
+					missing = append(missing, p)
+				}
+			}
+			run.mu.Unlock()
+			t.Fatalf("after 120 s: poison runs %v, dead-lettered %t, %d of %d other messages completed; missing %v (consumer logs in %s)",
+				attempts, deadAttempts != "", completed, total, missing, logs)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -99,16 +99,23 @@
 //     (driver.StartRecorder). The start is written only when the handler
 //     has run 100 ms and still runs: most handlers end sooner and cost no
 //     write.
+//   - Receipts: a consumer records the highest position it has received
+//     (one record per Receive that moves it, written while the messages
+//     wait in the process), and a handler starts only once the receipt
+//     covering its message has landed. A consumer that opens reads every
+//     other consumer's receipts (a consumer that closes gracefully
+//     withdraws its own).
 //   - A message that may have been running in a consumer that went away
-//     (one published before this consumer subscribed, or redelivered
-//     behind a later position it already received) is recorded before its
-//     handler starts, and the handler waits for the write. A message that
+//     (one a receipt covered when this consumer subscribed, or one
+//     redelivered behind a later position it already received) is
+//     recorded before its handler starts, and the handler waits for the
+//     write. A message that
 //     kills its process faster than 100 ms thus runs once uncounted, and
-//     every run after that in a new process is counted: it runs at most
-//     MaxAttempts+1 times. A consumer that was already running when the
-//     message was published, and had received nothing after it when the
-//     message came back to it, can add one more uncounted run (once: it
-//     dies too).
+//     every run after that is counted: it runs at most MaxAttempts+1
+//     times. A consumer that was already running learns of the one that
+//     died from its receipt, read from the record topic's tail: should the
+//     message reach it before the receipt does, that run is uncounted too
+//     (once: it dies as well, and its replacement counts).
 //   - Every driver reads the record topic to its end when it opens, tails
 //     it afterwards, and reads it to its end again before it hands over a
 //     suspect message. A delivery's Attempt is one more than the larger of

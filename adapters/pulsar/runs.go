@@ -9,11 +9,17 @@ package pulsar
 //   - Lazily. Started only notes the start; a record is written when the
 //     handler has run runRecordDelay and is still running (most handlers
 //     end sooner and cost no write at all), with the runs it made so far.
-//   - Synchronously when it matters. A message that may have been running
-//     in a consumer that went away (see suspect) is recorded before its
-//     handler starts, and Started waits for it: a message that kills its
-//     process faster than runRecordDelay is then counted from its second
-//     run on.
+//   - Receipts. Before a handler starts, the positions its consumer has
+//     received are recorded (one receipt record per Receive that moves
+//     them, written while the message waits in the process; Started waits
+//     for it only when it has not landed yet). A consumer that opens reads
+//     every other consumer's receipts: a message at or below one of them
+//     was handed to a consumer before this one subscribed, and comes back
+//     because that consumer went away.
+//   - Synchronously when it matters. Such a message (see suspect) may have
+//     been running, so its start is recorded before its handler starts,
+//     and Started waits for it: a message that kills its process faster
+//     than runRecordDelay is then counted from its second run on.
 //   - Read at receive. Every driver reads the record topic to its end when
 //     it opens (the high-water sync) and tails it afterwards; a delivery's
 //     Attempt is one more than the larger of the broker's redelivery count
@@ -24,9 +30,14 @@ package pulsar
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
@@ -38,9 +49,17 @@ import (
 const (
 	// PropRuns is a run record's count: the attempts its message used.
 	PropRuns = "keyorder-runs"
-	// PropRunDone marks a tombstone: the message is settled.
+	// PropRunDone marks a tombstone: the message is settled (or, for a
+	// receipt, its consumer closed).
 	PropRunDone = "keyorder-run-done"
+	// PropReceived is a receipt's highest position received
+	// (ledger:entry:batch) of the topic in PropReceivedTopic.
+	PropReceived      = "keyorder-received"
+	PropReceivedTopic = "keyorder-received-topic"
 )
+
+// receiptPrefix starts the key of a receipt record.
+const receiptPrefix = "~received/"
 
 // runRecordDelay is how long a handler runs before its start is recorded
 // (unless it is suspect): a handler that ends sooner costs no write, and a
@@ -56,6 +75,9 @@ const runSyncTimeout = 10 * time.Second
 // <topic>-<sub>-runs.
 func RunsTopic(topic, sub string) string { return topic + "-" + sub + "-runs" }
 
+// tombstone is the runs argument of send that writes a tombstone.
+const tombstone = -1
+
 // runRecord is what the record topic says of one message.
 type runRecord struct {
 	runs      int
@@ -70,8 +92,13 @@ type runLog struct {
 	reader pulsar.Reader
 	s      *subscriptionDriver
 
+	id string // names this driver's receipts
+
 	mu      sync.Mutex
 	records map[string]runRecord
+	recv    map[string]receiptMark // every consumer's receipts, by key
+	sent    map[string]msgPos
+	last    *receipt         // this driver's latest receipt write
 	applied pulsar.MessageID // the last record read
 	moved   chan struct{}    // closed (and replaced) when applied moves
 	pending map[*delivery]struct{}
@@ -80,6 +107,20 @@ type runLog struct {
 	stop   chan struct{}
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// receiptMark is a consumer's highest position received of one topic.
+type receiptMark struct {
+	topic string
+	id    msgPos
+}
+
+// receipt is one write of this driver's receipts; done is closed when it
+// has landed (err set first).
+type receipt struct {
+	done chan struct{}
+	err  error
+	left atomic.Int32
 }
 
 // openRunLog opens the record topic of s and reads it to its end.
@@ -99,6 +140,7 @@ func openRunLog(ctx context.Context, s *subscriptionDriver) (*runLog, error) {
 	l := &runLog{
 		topic: topic, delay: runRecordDelay, prod: prod, reader: reader, s: s,
 		records: map[string]runRecord{}, moved: make(chan struct{}), pending: map[*delivery]struct{}{},
+		recv: map[string]receiptMark{}, sent: map[string]msgPos{}, id: randomID(),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	for reader.HasNext() {
@@ -125,6 +167,11 @@ func (l *runLog) apply(m pulsar.Message) {
 	switch {
 	case props[PropRunDone] != "":
 		delete(l.records, m.Key())
+		delete(l.recv, m.Key())
+	case props[PropReceived] != "":
+		if id, ok := parsePosition(props[PropReceived]); ok {
+			l.recv[m.Key()] = receiptMark{topic: props[PropReceivedTopic], id: id}
+		}
 	case props[PropRuns] != "":
 		n, err := strconv.Atoi(props[PropRuns])
 		if err != nil {
@@ -144,13 +191,18 @@ func (l *runLog) apply(m pulsar.Message) {
 // tail reads the records other consumers write, until the log closes.
 func (l *runLog) tail(ctx context.Context) {
 	defer l.wg.Done()
+	failures := 0
 	for {
 		m, err := l.reader.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			l.s.opts.Logger.Warn("keyorder: pulsar: reading run records failed; retrying", "topic", l.topic, "err", err)
+			level := slog.LevelWarn
+			if failures++; failures > 1 {
+				level = slog.LevelDebug
+			}
+			l.s.opts.Logger.Log(ctx, level, "keyorder: pulsar: reading run records failed; retrying", "topic", l.topic, "err", err)
 			select {
 			case <-ctx.Done():
 				return
@@ -196,7 +248,7 @@ func (l *runLog) sync(ctx context.Context) error {
 
 // notBefore reports whether a is at or after b (batch members compared
 // when both have an index).
-func notBefore(a, b pulsar.MessageID) bool {
+func notBefore(a, b msgPos) bool {
 	if a.LedgerID() != b.LedgerID() {
 		return a.LedgerID() > b.LedgerID()
 	}
@@ -214,13 +266,13 @@ func (l *runLog) lookup(pos string) (runRecord, bool) {
 	return r, ok
 }
 
-// send writes a record of d (runs > 0) or its tombstone (runs 0) without
+// send writes a record of d, or its tombstone (runs < 0), without
 // waiting; done (if not nil) gets the result. Called with d.mu held, so
 // that a record and a later tombstone of one delivery reach the topic in
 // that order.
 func (l *runLog) send(d *delivery, runs int, notBefore time.Time, done func(error)) {
 	props := map[string]string{PropRuns: strconv.Itoa(runs)}
-	if runs == 0 {
+	if runs < 0 {
 		props = map[string]string{PropRunDone: "1"}
 	} else if !notBefore.IsZero() {
 		props[PropNotBefore] = notBefore.UTC().Format(time.RFC3339Nano)
@@ -236,9 +288,147 @@ func (l *runLog) send(d *delivery, runs int, notBefore time.Time, done func(erro
 		})
 }
 
+// randomID names a driver's receipts.
+func randomID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// msgPos is a place in a topic: a pulsar.MessageID, or one a receipt
+// recorded.
+type msgPos interface {
+	LedgerID() int64
+	EntryID() int64
+	BatchIdx() int32
+}
+
+// recordedID is a position read from a receipt.
+type recordedID struct {
+	ledger, entry int64
+	batch         int32
+}
+
+func (r recordedID) LedgerID() int64 { return r.ledger }
+func (r recordedID) EntryID() int64  { return r.entry }
+func (r recordedID) BatchIdx() int32 { return r.batch }
+
+func formatPosition(id msgPos) string {
+	return fmt.Sprintf("%d:%d:%d", id.LedgerID(), id.EntryID(), id.BatchIdx())
+}
+
+func parsePosition(v string) (msgPos, bool) {
+	f := strings.Split(v, ":")
+	if len(f) != 3 {
+		return nil, false
+	}
+	l, err1 := strconv.ParseInt(f[0], 10, 64)
+	e, err2 := strconv.ParseInt(f[1], 10, 64)
+	b, err3 := strconv.ParseInt(f[2], 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return nil, false
+	}
+	return recordedID{l, e, int32(b)}, true
+}
+
+// highWater returns, per topic, the highest position any consumer's
+// receipt records: what was handed to a consumer so far.
+func (l *runLog) highWater() map[string]msgPos {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]msgPos{}
+	for _, r := range l.recv {
+		if h, ok := out[r.topic]; !ok || notBefore(r.id, h) {
+			out[r.topic] = r.id
+		}
+	}
+	return out
+}
+
+// otherHigh returns the highest position of topic that the receipts of
+// the other consumers record.
+func (l *runLog) otherHigh(topic string) (msgPos, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var high msgPos
+	own := receiptPrefix + l.id + "/"
+	for k, r := range l.recv {
+		if r.topic == topic && !strings.HasPrefix(k, own) && (high == nil || notBefore(r.id, high)) {
+			high = r.id
+		}
+	}
+	return high, high != nil
+}
+
+// received records the positions of ds (just received) unless an earlier
+// receipt covers them, and returns the receipt their handlers wait for.
+func (l *runLog) received(ds []*delivery, topics []string) *receipt {
+	high := map[string]msgPos{}
+	for i, d := range ds {
+		if h, ok := high[topics[i]]; !ok || notBefore(d.id, h) {
+			high[topics[i]] = d.id
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	need := map[string]msgPos{}
+	for t, id := range high {
+		if s, ok := l.sent[t]; !ok || !notBefore(s, id) {
+			need[t] = id
+		}
+	}
+	if len(need) == 0 {
+		return l.last
+	}
+	r := &receipt{done: make(chan struct{})}
+	r.left.Store(int32(len(need)))
+	var errMu sync.Mutex
+	for t, id := range need {
+		l.sent[t] = id
+		l.prod.SendAsync(context.Background(), &pulsar.ProducerMessage{
+			Key:        receiptPrefix + l.id + "/" + t,
+			Properties: map[string]string{PropReceived: formatPosition(id), PropReceivedTopic: t},
+		}, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
+			if err != nil {
+				errMu.Lock()
+				r.err = err
+				errMu.Unlock()
+			}
+			if r.left.Add(-1) == 0 {
+				close(r.done)
+			}
+		})
+	}
+	l.last = r
+	return r
+}
+
+// awaitReceipt waits until r has landed.
+func (l *runLog) awaitReceipt(ctx context.Context, r *receipt) error {
+	if r == nil {
+		return nil
+	}
+	select {
+	case <-r.done:
+		if r.err != nil {
+			return fmt.Errorf("pulsar: record a receipt: %w", r.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.stop:
+		return errClosed
+	}
+}
+
 // started notes that the handlers of ds start: a suspect delivery's runs
 // are written now and waited for, the others' later (writeLoop).
 func (l *runLog) started(ctx context.Context, ds []*delivery) error {
+	for _, d := range ds {
+		if err := l.awaitReceipt(ctx, d.receipt); err != nil {
+			return err
+		}
+	}
 	now := time.Now()
 	var wait []chan error
 	anyLazy := false
@@ -337,7 +527,7 @@ func (l *runLog) forget(d *delivery) {
 func (l *runLog) done(d *delivery) {
 	d.mu.Lock()
 	if d.hadRecord || d.recorded > 0 {
-		l.send(d, 0, time.Time{}, nil)
+		l.send(d, tombstone, time.Time{}, nil)
 	}
 	d.mu.Unlock()
 }
@@ -350,7 +540,7 @@ func (l *runLog) returned(ctx context.Context, ds []*delivery, rs []driver.Retur
 		chs[i] = ch
 		d.mu.Lock()
 		d.settled = true
-		n := max(rs[i].Attempts, 1)
+		n := max(rs[i].Attempts, 0)
 		d.recorded = n
 		l.send(d, n, rs[i].NotBefore, func(err error) { ch <- err })
 		d.mu.Unlock()
@@ -380,6 +570,15 @@ func (l *runLog) close() {
 		l.cancel()
 	}
 	l.wg.Wait()
+	// A consumer that closes hands back only what it never ran or
+	// returned with a record: its receipts need not make others suspect.
+	l.mu.Lock()
+	for t := range l.sent {
+		l.prod.SendAsync(context.Background(), &pulsar.ProducerMessage{
+			Key: receiptPrefix + l.id + "/" + t, Properties: map[string]string{PropRunDone: "1"},
+		}, func(pulsar.MessageID, *pulsar.ProducerMessage, error) {})
+	}
+	l.mu.Unlock()
 	l.prod.Close()
 	l.reader.Close()
 }

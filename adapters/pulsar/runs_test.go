@@ -7,6 +7,10 @@ package pulsar_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,18 +18,21 @@ import (
 	"github.com/keyorder/keyorder/adapters/pulsar"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/policy"
+	"github.com/keyorder/keyorder/subscribe"
 )
 
 // runsProcess opens a consumer of topicName's subscription "s" over a
-// client of its own.
-func runsProcess(t *testing.T, topicName string) (*pulsar.Subscription, func()) {
+// client of its own. crash closes the client only, as a killed process
+// ends its connections; stop closes the driver first, as a graceful stop.
+func runsProcess(t *testing.T, topicName string) (drv *pulsar.Subscription, crash, stop func()) {
 	t.Helper()
 	client := newClient(t)
 	drv, err := pulsar.OpenSubscriptionDriver(context.Background(), client, topicName, "s", &pulsar.SubscriptionOptions{Ordering: policy.Ordered})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return drv, func() { drv.Close(); client.Close() }
+	t.Cleanup(func() { drv.Close() })
+	return drv, client.Close, func() { drv.Close(); client.Close() }
 }
 
 // receiveOne receives the next message within 30 s.
@@ -59,12 +66,11 @@ func publishOne(t *testing.T, topicName, payload string) string {
 // a consumer that dies).
 func TestRunsCrashLoopIsCounted(t *testing.T) {
 	topicName := uniqueTopic("runs-loop")
-	first, crash := runsProcess(t, topicName)
+	drv, crash, _ := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "slow")
-	drv := first
 	for want := 1; want <= 3; want++ {
 		if want > 1 {
-			drv, crash = runsProcess(t, topicName)
+			drv, crash, _ = runsProcess(t, topicName)
 		}
 		m := receiveOne(t, drv)
 		if m.ID != id || m.Attempt != want {
@@ -96,12 +102,12 @@ func TestRunsCrashLoopIsCounted(t *testing.T) {
 func TestRunsLazyStartCountsACrash(t *testing.T) {
 	pulsar.SetRunRecordDelay(t, time.Hour)
 	topicName := uniqueTopic("runs-lazy")
-	drv, crash := runsProcess(t, topicName)
+	drv, crash, _ := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "fast")
 	var attempts []int
 	for p := range 3 {
 		if p > 0 {
-			drv, crash = runsProcess(t, topicName)
+			drv, crash, _ = runsProcess(t, topicName)
 		}
 		m := receiveOne(t, drv)
 		if m.ID != id {
@@ -124,7 +130,7 @@ func TestRunsLazyStartCountsACrash(t *testing.T) {
 // record is gone. Release, as before Return existed, carried neither.
 func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
 	topicName := uniqueTopic("runs-return")
-	drv, stop := runsProcess(t, topicName)
+	drv, _, stop := runsProcess(t, topicName)
 	id := publishOne(t, topicName, "retry-later")
 	m := receiveOne(t, drv)
 	if err := drv.Started(context.Background(), []*driver.Message{m}); err != nil {
@@ -136,7 +142,7 @@ func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
 	}
 	stop()
 
-	drv, stop = runsProcess(t, topicName)
+	drv, _, stop = runsProcess(t, topicName)
 	defer stop()
 	m = receiveOne(t, drv)
 	if m.ID != id || m.Attempt != 3 || !m.NotBefore.Equal(due) {
@@ -152,4 +158,84 @@ func TestReturnCarriesAttemptsAndDelay(t *testing.T) {
 		}
 		return !ok
 	})
+}
+
+// TestGracefulRestartsKeepAttemptsAndDelay: a message that fails every run
+// with a 1.5 s retry delay, its process stopped gracefully each time while
+// the message waits for its retry. The subscriber gives it back with
+// Return, and the next process runs it at the next attempt, not before the
+// retry time: attempts 1, 2, 3, then dead-lettered under MaxAttempts 3,
+// and the key's next message runs after. Without Return (Release) it ran
+// as attempt 1 after every restart, at once.
+func TestGracefulRestartsKeepAttemptsAndDelay(t *testing.T) {
+	topicName := uniqueTopic("runs-graceful")
+	ctx := context.Background()
+	_, _, stop := runsProcess(t, topicName) // creates the subscription
+	stop()
+	pub := newPublisher(ctx, t, topicName)
+	for _, p := range []string{"m1", "m2"} {
+		if _, err := pub.Publish(ctx, &keyorder.Message{Key: "k", Payload: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const delay = 1500 * time.Millisecond
+	var mu sync.Mutex
+	var attempts []int
+	var ranAt []time.Time
+	m2 := 0
+	h := func(ctx context.Context, d *keyorder.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if string(d.Payload) != "m1" {
+			m2++
+			return nil
+		}
+		attempts = append(attempts, d.Attempt)
+		ranAt = append(ranAt, time.Now())
+		return keyorder.RetryAfter(errors.New("poison"), delay)
+	}
+	runs := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts)
+	}
+	for n := 1; n <= 3; n++ {
+		drv, _, stop := runsProcess(t, topicName)
+		sub, err := subscribe.New(drv, &subscribe.Config{
+			ShutdownTimeout: 5 * time.Second,
+			Retry:           policy.Retry{MaxAttempts: 3, MinBackoff: delay, MaxBackoff: delay, NoJitter: true},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- sub.Run(context.Background(), h) }()
+		waitFor(t, 30*time.Second, fmt.Sprintf("m1's run %d", n), func() bool { return runs() >= n })
+		if n == 3 {
+			waitFor(t, 30*time.Second, "m2", func() bool { mu.Lock(); defer mu.Unlock(); return m2 > 0 })
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = sub.Close(cctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		stop()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(attempts, []int{1, 2, 3}) {
+		t.Fatalf("m1 ran at attempts %v over graceful restarts; want [1 2 3]", attempts)
+	}
+	for i := 1; i < len(ranAt); i++ {
+		if gap := ranAt[i].Sub(ranAt[i-1]); gap < delay {
+			t.Fatalf("m1's run %d came %v after run %d, before its retry delay of %v", i+1, gap, i, delay)
+		}
+	}
+	if m2 != 1 {
+		t.Fatalf("m2 ran %d times; want once, after m1 was dead-lettered", m2)
+	}
 }

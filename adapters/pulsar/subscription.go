@@ -87,8 +87,13 @@ type generation struct {
 	// of each (partition) topic when the consumer subscribed and the
 	// latest position received of each, to tell which deliveries are
 	// suspect.
-	high map[string]pulsar.MessageID
+	high map[string]msgPos
 	seen map[string]pulsar.MessageID
+	// perKey counts the deliveries of each key tracked; takeover holds,
+	// for a key whose first tracked delivery another consumer's receipt
+	// covered, that receipt's position (see suspect).
+	perKey   map[string]int
+	takeover map[string]msgPos
 }
 
 // delivery is a received message's AckID.
@@ -99,9 +104,10 @@ type delivery struct {
 	// unsettled messages may have been running.
 	key string
 	seq uint64
-	// pos names the message's place in its topic (its run record's key).
-	pos string
-	mu  sync.Mutex
+	// pos names the message's place in its topic (its run record's key);
+	// topic is the (partition) topic it came from.
+	pos, topic string
+	mu         sync.Mutex
 	// deadline is when the lease runs out unless extended.
 	deadline time.Time
 	// The run record (runs.go): base is the attempts used before this
@@ -110,6 +116,7 @@ type delivery struct {
 	// that went away, so its starts are recorded before they run.
 	base, runs, recorded int
 	startedAt            time.Time
+	receipt              *receipt // the receipt its start waits for
 	suspect, hadRecord   bool
 	settled              bool
 }
@@ -258,18 +265,12 @@ func (s *subscriptionDriver) current() (*generation, error) {
 	}
 	g := &generation{consumer: c, expired: make(chan struct{})}
 	if s.runs != nil {
-		// Everything up to here may have been delivered to a consumer
-		// that went away.
-		ids, err := c.GetLastMessageIDs()
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("pulsar: subscribe %s on %s: last message: %w", s.name, s.topic, err)
-		}
-		g.high = make(map[string]pulsar.MessageID, len(ids))
-		for _, id := range ids {
-			g.high[id.Topic()] = id
-		}
+		// What the receipts cover was handed to a consumer before this
+		// one subscribed: it comes back here because that consumer went
+		// away.
+		g.high = s.runs.highWater()
 		g.seen = map[string]pulsar.MessageID{}
+		g.perKey, g.takeover = map[string]int{}, map[string]msgPos{}
 	}
 	s.gen = g
 	return s.gen, nil
@@ -324,35 +325,46 @@ func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *driver.Mes
 	d.seq = s.seq
 	s.tracked[d] = struct{}{}
 	if g.seen != nil {
-		d.pos = idString(pm.ID())
-		d.suspect = s.suspect(g, pm)
+		d.pos, d.topic = idString(pm.ID()), pm.Topic()
+		d.suspect = s.suspect(g, d, pm)
+		if d.key != "" {
+			g.perKey[d.key]++
+		}
 	}
 	s.mu.Unlock()
 	return m
 }
 
 // suspect reports whether the message may have been running in a consumer
-// that went away (called with s.mu held): it was published before this
+// that went away (called with s.mu held): a receipt covered it before this
 // consumer subscribed, or it comes after a later position of its topic (a
 // redelivery). Any such message may be: a consumer that dies may have run
 // a key's earlier messages to completion without its acknowledgements
 // reaching the broker, so not only a key's first message comes back
 // having run. A suspect start is recorded before it runs (runs.go).
-func (s *subscriptionDriver) suspect(g *generation, pm pulsar.Message) bool {
+func (s *subscriptionDriver) suspect(g *generation, d *delivery, pm pulsar.Message) bool {
 	topic := pm.Topic()
 	seen, hadSeen := g.seen[topic]
 	if !hadSeen || notBefore(pm.ID(), seen) {
 		g.seen[topic] = pm.ID()
 	}
-	high, ok := g.high[topic]
-	if !ok && len(g.high) == 1 {
-		for _, h := range g.high {
-			high = h
-		}
-		ok = true
-	}
-	if ok && high.LedgerID() >= 0 && high.EntryID() >= 0 && notBefore(high, pm.ID()) {
+	if high, ok := g.high[topic]; ok && notBefore(high, pm.ID()) {
 		return true
+	}
+	if d.key != "" {
+		// A key this consumer holds nothing of, whose message another
+		// consumer's receipt covers now: the key may have come from a
+		// consumer that went away since this one subscribed. Its
+		// messages up to that receipt are suspect.
+		if g.perKey[d.key] == 0 {
+			delete(g.takeover, d.key)
+			if other, ok := s.runs.otherHigh(topic); ok && notBefore(other, pm.ID()) {
+				g.takeover[d.key] = other
+			}
+		}
+		if t, ok := g.takeover[d.key]; ok && notBefore(t, pm.ID()) {
+			return true
+		}
 	}
 	return hadSeen && !notBefore(pm.ID(), seen)
 }
@@ -362,6 +374,16 @@ func (s *subscriptionDriver) suspect(g *generation, pm pulsar.Message) bool {
 // end: its record may have been written by a consumer that went away a
 // moment ago.
 func (s *subscriptionDriver) readRecords(ctx context.Context, ms []*driver.Message) {
+	ds := make([]*delivery, len(ms))
+	topics := make([]string, len(ms))
+	for i, m := range ms {
+		ds[i] = m.AckID.(*delivery)
+		topics[i] = ds[i].topic
+	}
+	r := s.runs.received(ds, topics)
+	for _, d := range ds {
+		d.receipt = r
+	}
 	for _, m := range ms {
 		if m.AckID.(*delivery).suspect {
 			if err := s.runs.sync(ctx); err != nil && ctx.Err() == nil {
@@ -456,6 +478,12 @@ func (s *subscriptionDriver) forgetLocked(d *delivery) {
 		return
 	}
 	delete(s.tracked, d)
+	if g := d.gen; g.perKey != nil && d.key != "" {
+		if g.perKey[d.key]--; g.perKey[d.key] <= 0 {
+			delete(g.perKey, d.key)
+			delete(g.takeover, d.key)
+		}
+	}
 	d.mu.Lock()
 	d.settled = true
 	d.mu.Unlock()
