@@ -15,7 +15,7 @@ import (
 	"github.com/keyorder/keyorder/adapters/kafka"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/drivertest"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 var seq atomic.Int64

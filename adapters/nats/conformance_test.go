@@ -13,7 +13,7 @@ import (
 	kn "github.com/keyorder/keyorder/adapters/nats"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/drivertest"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 var seq atomic.Int64

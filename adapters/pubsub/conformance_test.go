@@ -17,7 +17,7 @@ import (
 	"github.com/keyorder/keyorder/adapters/pubsub"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/drivertest"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 const project = "keyorder-test"

@@ -14,7 +14,7 @@ import (
 	"github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/integration/drivertest"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 // harness runs the suite on ElasticMQ; each case gets its own queue.

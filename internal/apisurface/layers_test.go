@@ -21,26 +21,25 @@ const module = "github.com/keyorder/keyorder"
 // integration/ (the conformance suite, the crash-process harness), which
 // sits above them.
 var layers = map[string]int{
-	"policy":              0, // enums only
-	"internal/slab":       0,
-	"":                    1, // the core types (Message, errors, keys)
-	"driver":              2, // the contract a backend implements
-	"internal/groupq":     2,
-	"internal":            3, // helpers: message preparation, the memory broker's hooks, URL fuzzing, the house's own tests
-	"lanes":               3,
-	"publish":             4,
-	"subscribe":           4,
-	"adapters":            5, // backends: the contract below, publish/subscribe for their Open helpers
-	"keyordertest":        6,
-	"otelkeyorder":        6,
-	"adapters/watermill":  6, // mounts the portable packages on Watermill
-	"integration":         6, // drivertest (the conformance suite) and proctest, importable by adapter modules
-	"integration/testenv": 7, // the servers' launcher: imports nothing of ours
-	"integration/cmd":     8,
-	"integration/bench":   8,
-	"integration/smoke":   8,
-	"cmd":                 8,
-	"examples":            8,
+	"policy":             0, // enums only
+	"internal/slab":      0,
+	"":                   1, // the core types (Message, errors, keys)
+	"driver":             2, // the contract a backend implements
+	"internal/groupq":    2,
+	"internal":           3, // helpers: message preparation, the memory broker's hooks, URL fuzzing, the house's own tests
+	"lanes":              3,
+	"publish":            4,
+	"subscribe":          4,
+	"adapters":           5, // backends: the contract below, publish/subscribe for their Open helpers
+	"keyordertest":       6,
+	"otelkeyorder":       6,
+	"adapters/watermill": 6, // mounts the portable packages on Watermill
+	"integration":        6, // drivertest (the conformance suite) and proctest, importable by adapter modules
+	"integration/cmd":    8,
+	"integration/bench":  8,
+	"integration/smoke":  8,
+	"cmd":                8,
+	"examples":           8,
 }
 
 // layerOf returns the layer of import path p of this repository.
