@@ -222,9 +222,11 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		return nil, lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the messages' fault.
+		// Cancelled by shutdown: not the messages' fault. One that failed
+		// here before and was cut short in its in-process retry keeps the
+		// attempts it used (giveBackAtStop), as it would waiting for it.
 		outcome(OutcomeReleased)
-		s.cut(run[i:])
+		s.cutAtStop(run[i:])
 		return nil, lanes.Done()
 	}
 	var perm *keyorder.PermanentError
@@ -344,6 +346,24 @@ func (s *Subscriber) cut(its []*item) {
 		}
 	}
 	s.giveBack(back)
+}
+
+// cutAtStop is cut for members a graceful stop cut short: those that
+// failed here and were retried in process go back with their attempts
+// (giveBackAtStop), not released uncounted.
+func (s *Subscriber) cutAtStop(its []*item) {
+	var back []*item
+	for _, it := range its {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		if it.lost.Load() {
+			s.drop(it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	s.giveBackAtStop(back)
 }
 
 func (s *Subscriber) deadLetter(it *item, reason string) {
