@@ -16,9 +16,9 @@ import (
 
 // A command that fails because nothing answers at the broker's address
 // says so, naming the backend and the address: "no Kafka broker answered
-// at 127.0.0.1:9092 within 30s (connection refused)", where the clients
-// alone say "context deadline exceeded" (Kafka, Pulsar, Pub/Sub, NATS) or
-// bury a dial error in a retry report (SQS, PostgreSQL).
+// at 127.0.0.1:9092 within 30s (connection refused)", where most clients
+// alone say "context deadline exceeded" (they retry until the --timeout
+// passes) and the others bury a dial error in a retry report.
 //
 // The command cannot tell from the clients' errors whether a broker was
 // reached: after a failure that may be one (the --timeout passed, the
