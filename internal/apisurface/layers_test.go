@@ -23,6 +23,7 @@ const module = "github.com/keyorder/keyorder"
 var layers = map[string]int{
 	"policy":             0, // enums only
 	"internal/slab":      0,
+	"internal/suggest":   0, // "did you mean": the URL errors and the command share it
 	"":                   1, // the core types (Message, errors, keys)
 	"driver":             2, // the contract a backend implements
 	"internal/groupq":    2,
