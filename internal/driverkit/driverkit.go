@@ -201,7 +201,8 @@ func (s LogStore) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLett
 // Redrive republishes the dead letters with these IDs, without their
 // not-before time, and marks each redriven. It returns how many it
 // republished; when marking one fails, that one is counted (it was
-// republished) and the error returned.
+// republished) and the error returned. IDs that are not dead letters make
+// it fail after the others with driver.NotDeadLetters' error.
 func (s LogStore) Redrive(ctx context.Context, ids []string) (int, error) {
 	dls, err := s.Read(ctx)
 	if err != nil {
@@ -217,6 +218,7 @@ func (s LogStore) Redrive(ctx context.Context, ids []string) (int, error) {
 		want[id] = true
 	}
 	n := 0
+	var done []string // the IDs redriven
 	for _, dl := range dls {
 		if !want[dl.Message.ID] {
 			continue
@@ -230,6 +232,7 @@ func (s LogStore) Redrive(ctx context.Context, ids []string) (int, error) {
 			return n + 1, err
 		}
 		n++
+		done = append(done, m.ID)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }

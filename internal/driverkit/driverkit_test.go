@@ -107,7 +107,7 @@ func TestDeadLog(t *testing.T) {
 }
 
 // TestLogStore: DeadLetters honours its limit; Redrive republishes only the
-// listed IDs that are dead letters, clears their not-before time, marks
+// listed IDs that are dead letters (naming the others in its error), clears their not-before time, marks
 // each, counts a republished one whose mark failed, and stops at the
 // first failure; Ready's error stops it before anything is sent.
 func TestLogStore(t *testing.T) {
@@ -145,8 +145,13 @@ func TestLogStore(t *testing.T) {
 	if dls, _ := s.DeadLetters(ctx, 0); len(dls) != 3 {
 		t.Errorf("DeadLetters(0) = %d letters, want all 3", len(dls))
 	}
-	if n, err := s.Redrive(ctx, []string{"c", "x", "a"}); n != 2 || err != nil || !slices.Equal(sent, []string{"a", "c"}) || !slices.Equal(marked, []string{"a", "c"}) {
-		t.Errorf("Redrive(c, x, a) = %d, %v; sent %v, marked %v; want 2, a and c in log order", n, err, sent, marked)
+	var nd *keyorder.NotDeadLetterError
+	if n, err := s.Redrive(ctx, []string{"c", "x", "a"}); n != 2 || !errors.As(err, &nd) || !slices.Equal(nd.IDs, []string{"x"}) || !slices.Equal(sent, []string{"a", "c"}) || !slices.Equal(marked, []string{"a", "c"}) {
+		t.Errorf("Redrive(c, x, a) = %d, %v; sent %v, marked %v; want 2, x named as no dead letter, a and c in log order", n, err, sent, marked)
+	}
+	sent, marked = nil, nil
+	if n, err := s.Redrive(ctx, []string{"b"}); n != 1 || err != nil || !slices.Equal(sent, []string{"b"}) {
+		t.Errorf("Redrive(b) = %d, %v, sent %v; want 1, nil", n, err, sent)
 	}
 	if letters[0].Message.NotBefore != nb {
 		t.Error("Redrive changed the letters Read returned")
