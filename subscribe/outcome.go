@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"time"
 
@@ -501,12 +502,12 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end fun
 // delivery returns the Delivery an attempt of it is handed.
 func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	m := it.m
-	headers := make(map[string]string, len(m.Headers)+1)
-	for k, v := range m.Headers {
-		headers[k] = v
-	}
-	if m.Key != "" {
-		headers[keyorder.HeaderPartitionKey] = m.Key
+	// The attempt's own copy of the message's headers; none (nil) when it
+	// has none, so a message without headers costs no map. The key is in
+	// Message.Key, not in the headers.
+	var headers map[string]string
+	if len(m.Headers) > 0 {
+		headers = maps.Clone(m.Headers)
 	}
 	payload := m.Payload
 	if s.copiesPayload() {
