@@ -33,7 +33,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		return nil, err
 	}
 	return pubsub.OpenSubscription(ctx, client, os.Getenv("KEYORDER_PUBSUB_SUB"),
-		&pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}, p.Config)
+		&pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}, p.Config)
 }
 
 // crashScenario is sc against a fresh topic and Ordered subscription.
@@ -45,7 +45,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario) proctest.Scenario {
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		HTTPClient:   sqs.NewHTTPClient(),
 	})
 	return sqs.OpenSubscription(ctx, client, os.Getenv("KEYORDER_SQS_QUEUE"), &sqs.Options{
-		Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}, p.Config)
+		Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}, p.Config)
 }
 
 // crashScenario is sc against a fresh Ordered FIFO queue.
@@ -44,7 +44,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario) proctest.Scenario {
 	t.Helper()
 	client, endpoint := newClient(t)
 	ctx := t.Context()
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("crash"), opts)
 	if err != nil {
 		t.Fatal(err)
