@@ -86,7 +86,7 @@ func TestBatchPermanentWithOtherMembersLostLease(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, LeaseDuration: 9 * time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, Lease: 9 * time.Second})
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)
@@ -332,7 +332,7 @@ func TestLostLeaseAloneHoldsLaterMessagesOfItsKey(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 9 * time.Second})
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)
@@ -421,7 +421,7 @@ func TestAttemptsUsedUpByLostLeases(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 				w.publish(t, "m1", "k")
 				crashHolding(t, w, 2)
 				var attempts []int
@@ -480,7 +480,7 @@ func TestUnrunLimitFollowsStartRecords(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 				w.publish(t, "m1", "k")
 				crashHolding(t, w, 2)
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
@@ -520,7 +520,7 @@ func TestUnrunLimitFollowsStartRecords(t *testing.T) {
 // (with a cancelled context): its redelivery runs instead.
 func TestLostWhileStartRecordedDoesNotRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 9 * time.Second})
 		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
@@ -749,7 +749,7 @@ func (r *revocable) DeadLetter(ctx context.Context, m *driver.Message, reason st
 // came.
 func TestRevokeTakesBackWaitingItems(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: time.Hour})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: time.Hour})
 		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)

@@ -274,7 +274,7 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, 
 	} else {
 		l = new(lease)
 	}
-	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg, prev: prev}
+	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.Lease), msg: e.msg, prev: prev}
 	s.leases[l.id] = l
 	e.lease = l
 	// Each delivery gets its own payload: what a consumer writes into it
@@ -571,7 +571,7 @@ func (s *subscription) extend(ms []*driver.Message) []*driver.Message {
 	var lost []*driver.Message
 	for _, m := range ms {
 		if l, ok := s.leaseOf(m); ok {
-			l.deadline = now.Add(s.cfg.LeaseDuration)
+			l.deadline = now.Add(s.cfg.Lease)
 		} else {
 			lost = append(lost, m)
 		}

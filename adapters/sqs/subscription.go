@@ -66,7 +66,7 @@ type delivery struct {
 
 // openSubscription returns a consuming driver for the FIFO queue at
 // queueURL. opts.Ordering must match the queue's keyorder-ordering tag;
-// opts.Visibility is the lease and opts.WaitTime the long-poll wait. The
+// opts.Lease is the lease and opts.WaitTime the long-poll wait. The
 // client stays the caller's.
 func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*subscriptionDriver, error) {
 	if client == nil {
@@ -82,7 +82,7 @@ func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	}
 	return &subscriptionDriver{
 		client: client, queueURL: queueURL, deadName: dead,
-		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
+		ordering: o.Ordering, lease: o.Lease, wait: o.WaitTime,
 		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
 	}, nil
 }
