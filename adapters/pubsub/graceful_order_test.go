@@ -133,13 +133,12 @@ func TestGracefulStopKeepsKeyOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := snapshot()
-	var starts, firstDone []string
+	var firstDone []string
 	seen := map[string]bool{}
 	for _, e := range ev[1:] {
 		var verb, p string
 		fmt.Sscan(e, &verb, &p)
 		if verb == "start" {
-			starts = append(starts, p)
 			if p != "a1" && !seen["a1"] {
 				t.Fatalf("%s started before a1 completed after the restart; events %v", p, ev)
 			}

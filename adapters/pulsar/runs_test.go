@@ -267,6 +267,11 @@ func TestChargedRunsAlone(t *testing.T) {
 	for len(got) < 3 {
 		got = append(got, receiveOne(t, drv))
 	}
+	for i, m := range got {
+		if m.ID != ids[i] {
+			t.Fatalf("process 1 received %q as message %d, want %q (a, b, c in publish order)", m.ID, i, ids[i])
+		}
+	}
 	if err := drv.Started(ctx, got[:2]); err != nil {
 		t.Fatal(err)
 	}
