@@ -530,7 +530,8 @@ func (d *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 
 // Redrive re-enqueues dead letters after everything that arrived meanwhile.
 func (d *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	return d.s.redrive(ids), nil
+	done := d.s.redrive(ids)
+	return len(done), driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's name (driver.Namer).
