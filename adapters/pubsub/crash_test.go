@@ -10,12 +10,12 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/pubsub"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// The crash tests run consumers as real processes (internal/proctest): the
+// The crash tests run consumers as real processes (integration/proctest): the
 // test binary re-executed opens subscription KEYORDER_PUBSUB_SUB on the
 // emulator (PUBSUB_EMULATOR_HOST, inherited).
 func TestMain(m *testing.M) {
@@ -33,7 +33,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		return nil, err
 	}
 	return pubsub.OpenSubscription(ctx, client, os.Getenv("KEYORDER_PUBSUB_SUB"),
-		&pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}, p.Config)
+		&pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}, p.Config)
 }
 
 // crashScenario is sc against a fresh topic and Ordered subscription.
@@ -45,7 +45,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario) proctest.Scenario {
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,12 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/sqs"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// The crash tests run consumers as real processes (internal/proctest): the
+// The crash tests run consumers as real processes (integration/proctest): the
 // test binary re-executed opens the queue KEYORDER_SQS_QUEUE.
 func TestMain(m *testing.M) {
 	proctest.Main(openCrashConsumer)
@@ -36,7 +36,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		HTTPClient:   sqs.NewHTTPClient(),
 	})
 	return sqs.OpenSubscription(ctx, client, os.Getenv("KEYORDER_SQS_QUEUE"), &sqs.Options{
-		Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}, p.Config)
+		Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}, p.Config)
 }
 
 // crashScenario is sc against a fresh Ordered FIFO queue.
@@ -44,7 +44,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario) proctest.Scenario {
 	t.Helper()
 	client, endpoint := newClient(t)
 	ctx := t.Context()
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("crash"), opts)
 	if err != nil {
 		t.Fatal(err)
