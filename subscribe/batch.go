@@ -353,7 +353,9 @@ func (s *Subscriber) retryAside(it *item, at time.Time) {
 	go func() {
 		defer s.settling.Done()
 		if err := s.batcher.pool.Submit(context.Background(), lanes.Item{Key: c.key, Keyed: c.key != "", NotBefore: at, Fairness: c.fair}, c); err != nil {
-			s.giveBack([]*item{it})
+			// The lanes are closed (Run stops): it goes back with the
+			// attempt it used here (giveBackAtStop).
+			s.giveBackAtStop([]*item{it})
 		}
 	}()
 }

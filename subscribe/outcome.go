@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"time"
 
@@ -221,9 +222,11 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		return nil, lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the messages' fault.
+		// Cancelled by shutdown: not the messages' fault. One that failed
+		// here before and was cut short in its in-process retry keeps the
+		// attempts it used (giveBackAtStop), as it would waiting for it.
 		outcome(OutcomeReleased)
-		s.cut(run[i:])
+		s.cutAtStop(run[i:])
 		return nil, lanes.Done()
 	}
 	var perm *keyorder.PermanentError
@@ -345,6 +348,24 @@ func (s *Subscriber) cut(its []*item) {
 	s.giveBack(back)
 }
 
+// cutAtStop is cut for members a graceful stop cut short: those that
+// failed here and were retried in process go back with their attempts
+// (giveBackAtStop), not released uncounted.
+func (s *Subscriber) cutAtStop(its []*item) {
+	var back []*item
+	for _, it := range its {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		if it.lost.Load() {
+			s.drop(it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	s.giveBackAtStop(back)
+}
+
 func (s *Subscriber) deadLetter(it *item, reason string) {
 	s.stats.DeadLettered.Add(1)
 	s.cfg.Logger.Warn("keyorder: message dead-lettered", "id", it.m.ID, "key", it.m.Key, "attempts", it.attempt, "reason", reason)
@@ -427,12 +448,12 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end fun
 // delivery returns the Delivery an attempt of it is handed.
 func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	m := it.m
-	headers := make(map[string]string, len(m.Headers)+1)
-	for k, v := range m.Headers {
-		headers[k] = v
-	}
-	if m.Key != "" {
-		headers[keyorder.HeaderPartitionKey] = m.Key
+	// The attempt's own copy of the message's headers; none (nil) when it
+	// has none, so a message without headers costs no map. The key is in
+	// Message.Key, not in the headers.
+	var headers map[string]string
+	if len(m.Headers) > 0 {
+		headers = maps.Clone(m.Headers)
 	}
 	payload := m.Payload
 	if s.copiesPayload() {

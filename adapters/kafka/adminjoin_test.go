@@ -12,7 +12,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -105,7 +105,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 	defer tp.Close()
 	send(ctx, t, tp, "k", "m0")
 
-	bad := subOptions(t, integration.Spec{})
+	bad := subOptions(t, drivertest.Spec{})
 	bad.SessionTimeout = 50 * time.Millisecond // below franz-go's 100ms
 	if s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), bad); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		if s != nil {
@@ -114,7 +114,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 		t.Errorf("a 50ms session timeout: %v, want ErrInvalidConfig at open", err)
 	}
 
-	s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, integration.Spec{}))
+	s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, drivertest.Spec{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	idle, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, integration.Spec{}))
+	idle, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, drivertest.Spec{}))
 	if err != nil {
 		t.Fatal(err)
 	}

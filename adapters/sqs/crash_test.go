@@ -16,13 +16,13 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/adapters/sqs"
-	"github.com/keyorder/keyorder/integration/testenv"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// The crash tests run consumers as real processes (internal/proctest): the
+// The crash tests run consumers as real processes (integration/proctest): the
 // test binary re-executed opens the queue KEYORDER_SQS_QUEUE.
 func TestMain(m *testing.M) {
 	proctest.Main(openCrashConsumer)

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// A mistyped command, subcommand, flag, URL scheme or URL parameter gets
+// exit 2 and a "did you mean" naming the right one; flags are spelled as
+// the help spells them (--timeout, never -timeout); the operator is never
+// asked about a forgotten import.
+func TestDidYouMean(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stat", "x"}, `unknown command "stat" (did you mean "stats"?)`},
+		{[]string{"pubish", "x"}, `unknown command "pubish" (did you mean "publish"?)`},
+		{[]string{"dead", "lst", "x"}, `dead: unknown subcommand "lst" (did you mean "list"?)`},
+		{[]string{"dead", "redirve", "x"}, `dead: unknown subcommand "redirve" (did you mean "redrive"?)`},
+		{[]string{"--timout", "1s", "stats"}, "unknown flag --timout (did you mean --timeout?)"},
+		{[]string{"--json", "stats", "x"}, "unknown flag --json before the command: it is a flag of the commands"},
+		{[]string{"stats", "--jsn", "x"}, "stats: unknown flag --jsn (did you mean --json?)"},
+		{[]string{"dead", "redrive", "x", "--al"}, "dead redrive: unknown flag --al (did you mean --all?)"},
+		{[]string{"dead", "list", "x", "--limit"}, "dead list: flag --limit needs a value"},
+		{[]string{"stats", "x", "--timeout=soon"}, `stats: invalid value "soon" for flag --timeout: parse error`},
+		{[]string{"stats", "x", "--json=maybe"}, `stats: invalid boolean value "maybe" for --json`},
+		{[]string{"stats", "kafak://h:9092/t?group=g"}, `stats: unknown URL scheme "kafak" (did you mean kafka://?): keyorder opens `},
+		{[]string{"stats", "rabbit://h/q"}, `stats: unknown URL scheme "rabbit": keyorder opens `},
+		// Every backend's URL parsing, through the library's typed error.
+		{[]string{"stats", "postgres://ops@127.0.0.1:1/db?topic=t&subscripton=s"}, `parameter "subscripton": unknown parameter (did you mean "subscription"?)`},
+		{[]string{"stats", "pubsub://p/t?subscripton=s"}, `parameter "subscripton": unknown parameter (did you mean "subscription"?)`},
+		{[]string{"stats", "sqs://q.fifo?endpiont=http://127.0.0.1:1"}, `parameter "endpiont": unknown parameter (did you mean "endpoint"?)`},
+		{[]string{"stats", "pulsar://127.0.0.1:1/a/b/t?subscripton=s"}, `parameter "subscripton": unknown parameter (did you mean "subscription"?)`},
+		{[]string{"stats", "kafka://127.0.0.1:1/t?grup=g"}, `parameter "grup": unknown parameter (did you mean "group"?)`},
+		{[]string{"stats", "nats://127.0.0.1:1/S?subscripton=s"}, `parameter "subscripton": unknown parameter (did you mean "subscription"?)`},
+		{[]string{"stats", "mem://t?subscription=s&max_bacth=2"}, `parameter "max_bacth": unknown parameter (did you mean "max_batch"?)`},
+	} {
+		code, stdout, stderr := cmd(t, "", tc.args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, stdout, stderr, tc.want)
+		}
+		for _, bad := range []string{"forgotten import", "flag provided but not defined", " -timeout", " -json", " -limit", " -all"} {
+			if strings.Contains(stderr, bad) {
+				t.Errorf("%q: stderr says %q: %s", tc.args, bad, stderr)
+			}
+		}
+	}
+}
+
+// A short value of an undeclared parameter (hidden: it may be a
+// misspelt password) is hidden where it stands alone, not inside every
+// word of the message: "grup=g" keeps "group" readable, and a value "x"
+// does not multiply the x's of the redaction.
+func TestShortSecretsStayReadable(t *testing.T) {
+	code, _, stderr := cmd(t, "", "stats", "kafka://127.0.0.1:1/t?grup=g")
+	if code != exitUsage || !strings.Contains(stderr, `"kafka://127.0.0.1:1/t?grup=xxxxx"`) || !strings.Contains(stderr, `(did you mean "group"?)`) {
+		t.Errorf("exit %d, stderr %q", code, stderr)
+	}
+	c := &cli{}
+	c.addSecrets("kafka://h:1/t?grup=x&pw=ab&pw2=ab")
+	if got, want := c.clean("grup=x, xxxxx, box, ab-ab, abc, pw=ab&pw2=ab"), "grup=xxxxx, xxxxx, box, xxxxx-xxxxx, abc, pw=xxxxx&pw2=xxxxx"; got != want {
+		t.Errorf("clean: %q, want %q", got, want)
+	}
+}
+
+// keyorder --version is keyorder version, --json included.
+func TestVersionFlag(t *testing.T) {
+	_, want, _ := cmd(t, "", "version")
+	for _, args := range [][]string{{"--version"}, {"-version"}, {"--timeout", "1s", "--version"}} {
+		code, stdout, stderr := cmd(t, "", args...)
+		if code != exitOK || stderr != "" || stdout != want {
+			t.Errorf("%q: exit %d, stderr %q, stdout %q; want %q", args, code, stderr, stdout, want)
+		}
+	}
+	code, stdout, _ := cmd(t, "", "--version", "--json")
+	var v versionJSON
+	if code != exitOK || json.Unmarshal([]byte(stdout), &v) != nil || v.Version == "" || v.Go != runtime.Version() {
+		t.Errorf("--version --json: exit %d\n%s", code, stdout)
+	}
+	if _, help, _ := cmd(t, "", "--help"); !strings.Contains(help, "\n  --version ") {
+		t.Errorf("--help does not offer --version:\n%s", help)
+	}
+}
