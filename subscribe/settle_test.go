@@ -90,7 +90,7 @@ func TestSettlementRetriedUnderTransientFailures(t *testing.T) {
 
 func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	const keys, perKey = 6, 12
-	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3, Lease: 9 * time.Second})
 	net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 		if op == memhook.OpExtendLeases {
 			if n%4 != 0 { // three in a row fail: a lease not renewed for 9s is lost
@@ -224,7 +224,7 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 // is lost and no handler runs twice.
 func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		permanentErr := errors.New("access denied")
 		net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 			// The first Ack, Nack and DeadLetter: one transient failure,

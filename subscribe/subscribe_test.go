@@ -126,7 +126,7 @@ func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*driver.Message)
 
 func TestLostLeaseCancelsHandler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var cause atomic.Value
@@ -190,7 +190,7 @@ func TestShutdownDeadlineReleasesWithoutCountingAttempt(t *testing.T) {
 // holding it; with two it now gets one run (TestAttemptsUsedUpByLostLeases).
 func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 		w.publish(t, "m1", "k")
 		crashing, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		for range 3 { // three consumers crash holding m1

@@ -34,7 +34,7 @@ func (h harness) Capabilities() drivertest.Capabilities {
 func (h harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	b := memory.NewBroker()
 	if err := b.CreateSubscription("topic", "sub", &memory.SubscriptionOptions{
-		Ordering: spec.Ordering, Hold: h.hold, LeaseDuration: spec.LeaseDuration, Chain: h.chain,
+		Ordering: spec.Ordering, Hold: h.hold, Lease: spec.LeaseDuration, Chain: h.chain,
 	}); err != nil {
 		return nil, err
 	}

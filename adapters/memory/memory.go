@@ -105,9 +105,10 @@ type SubscriptionOptions struct {
 	// backend's typed options call it Lease). Defaults to
 	// LeaseDurationDefault.
 	Lease time.Duration
-	// LeaseDuration is the older name of Lease, read when Lease is not set
-	// (Lease wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// LeaseDuration is the older name of Lease, read when Lease is not set (Lease
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -506,7 +507,7 @@ func (d *subscriptionDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Ordering:      d.s.cfg.Ordering,
 		NativeHold:    d.s.cfg.Hold == Native,
-		LeaseDuration: d.s.cfg.LeaseDuration,
+		LeaseDuration: d.s.cfg.Lease,
 		MaxBatch:      d.s.cfg.MaxBatch,
 		Retry:         d.s.cfg.Retry,
 	}
@@ -529,7 +530,8 @@ func (d *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 
 // Redrive re-enqueues dead letters after everything that arrived meanwhile.
 func (d *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	return d.s.redrive(ids), nil
+	done := d.s.redrive(ids)
+	return len(done), driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's name (driver.Namer).

@@ -34,10 +34,10 @@ func (h *harness) Capabilities() drivertest.Capabilities {
 func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	name := fmt.Sprintf("c%d", h.n.Add(1))
 	opts := h.e.opts(&postgres.Options{
-		Create:        true,
-		LeaseDuration: max(spec.LeaseDuration, postgres.LeaseDurationMin),
-		ChainLength:   h.chain,
-		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering, Compaction: spec.Compaction},
+		Create:       true,
+		Lease:        max(spec.LeaseDuration, postgres.LeaseDurationMin),
+		ChainLength:  h.chain,
+		Subscription: &postgres.SubscriptionOptions{Ordering: spec.Ordering, Compaction: spec.Compaction},
 	})
 	tp, err := postgres.OpenTopicDriver(ctx, h.e.pool, name, opts)
 	if err != nil {

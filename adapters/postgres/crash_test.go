@@ -24,7 +24,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		return nil, err
 	}
 	return postgres.OpenSubscription(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: time.Second, PollInterval: 50 * time.Millisecond,
 	}, p.Config)
 }
 

@@ -230,7 +230,7 @@ func TestNotBeforeHoldsKey(t *testing.T) {
 func TestLeaseExpiry(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	opts := &postgres.Options{LeaseDuration: time.Second, ChainLength: 1}
+	opts := &postgres.Options{Lease: time.Second, ChainLength: 1}
 	s1 := e.sub("t", "s", policy.Ordered, opts)
 	s2 := e.sub("t", "s", policy.Ordered, opts)
 	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))

@@ -58,7 +58,7 @@ func helperConsumer() int {
 	}
 	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
 	s, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: lease, PollInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -124,7 +124,7 @@ func helperStack() int {
 	}
 	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
 	drv, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: lease, PollInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -413,7 +413,7 @@ func TestLostLeaseAfterNack(t *testing.T) {
 		t.Run(tc.ordering.String(), func(t *testing.T) {
 			e := newEnv(t)
 			tp := e.topic("t", nil)
-			lease := &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond}
+			lease := &postgres.Options{Lease: time.Second, PollInterval: 50 * time.Millisecond}
 			crashed := e.sub("t", "s", tc.ordering, lease)
 			sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 			ctx := ctxT(t, 30*time.Second)

@@ -49,7 +49,7 @@ func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec dr
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		return nil, err
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: spec.Ordering, AckDeadline: spec.LeaseDuration}
+	opts := &pubsub.SubscriptionOptions{Ordering: spec.Ordering, Lease: spec.LeaseDuration}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		return nil, err
 	}

@@ -37,7 +37,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 	if err != nil {
 		return nil, err
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}
 	if schema := os.Getenv(envStartSchema); schema != "" {
 		pool, err := pgxpool.New(ctx, os.Getenv("KEYORDER_PG_URL"))
 		if err != nil {
@@ -93,7 +93,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario, withStore bool) proctest.
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: crashAckDeadline}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashAckDeadline}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}

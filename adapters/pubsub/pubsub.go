@@ -216,7 +216,7 @@ const (
 
 // Defaults for SubscriptionOptions.
 const (
-	// AckDeadlineDefault is SubscriptionOptions.AckDeadline's default.
+	// AckDeadlineDefault is SubscriptionOptions.Lease's default.
 	AckDeadlineDefault = 30 * time.Second
 	// MaxBatchDefault is SubscriptionOptions.MaxBatch's default.
 	MaxBatchDefault = 100
@@ -261,8 +261,9 @@ type SubscriptionOptions struct {
 	// seconds within [MinAckDeadline, MaxAckDeadline].
 	Lease time.Duration
 	// AckDeadline is the older name of Lease, read when Lease is not set (Lease
-	// wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	AckDeadline time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -378,7 +379,7 @@ func CreateSubscription(ctx context.Context, client *gpubsub.Client, topicID, su
 	_, err := client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
 		Name:                  name,
 		Topic:                 topicName(project, topicID),
-		AckDeadlineSeconds:    int32(o.AckDeadline / time.Second),
+		AckDeadlineSeconds:    int32(o.Lease / time.Second),
 		EnableMessageOrdering: o.Ordering.Keyed(),
 		Labels:                map[string]string{LabelOrdering: o.Ordering.String()},
 		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{
@@ -568,8 +569,8 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 		case "ordering":
 			opts.Ordering, perr = policy.ParseOrdering(v)
 		case "lease":
-			opts.AckDeadline, perr = time.ParseDuration(v)
-			if perr == nil && (opts.AckDeadline < MinAckDeadline || opts.AckDeadline > MaxAckDeadline) {
+			opts.Lease, perr = time.ParseDuration(v)
+			if perr == nil && (opts.Lease < MinAckDeadline || opts.Lease > MaxAckDeadline) {
 				perr = fmt.Errorf("want a duration from %v to %v", MinAckDeadline, MaxAckDeadline)
 			}
 		case "max_batch", "max_attempts":

@@ -825,6 +825,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		want[id] = true
 	}
 	n := 0
+	var done []string // the IDs redriven
 	for _, dl := range dls {
 		if !want[dl.Message.ID] {
 			continue
@@ -842,8 +843,9 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return n + 1, fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", m.ID, err)
 		}
 		n++
+		done = append(done, m.ID)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's name (Delivery.Subscription).

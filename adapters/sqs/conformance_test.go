@@ -53,7 +53,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Sp
 
 func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec drivertest.Spec, oldestFirst bool) (*drivertest.Pair, error) {
 	name := uniqueQueue("c")
-	opts := &sqs.Options{Ordering: spec.Ordering, Visibility: spec.LeaseDuration, WaitTime: time.Second, OldestFirst: oldestFirst}
+	opts := &sqs.Options{Ordering: spec.Ordering, Lease: spec.LeaseDuration, WaitTime: time.Second, OldestFirst: oldestFirst}
 	qurl, err := sqs.CreateQueue(ctx, client, name, opts)
 	if err != nil {
 		return nil, err

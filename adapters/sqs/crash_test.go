@@ -40,7 +40,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
 		HTTPClient:   sqs.NewHTTPClient(),
 	})
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}
 	if schema := os.Getenv(envStartSchema); schema != "" {
 		pool, err := pgxpool.New(ctx, os.Getenv("KEYORDER_PG_URL"))
 		if err != nil {
@@ -92,7 +92,7 @@ func crashScenario(t *testing.T, sc proctest.Scenario, withStore bool) proctest.
 	if withStore {
 		sc.Env = append(sc.Env, startStoreEnv(t)...)
 	}
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: crashVisibility, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("crash"), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func openGated(t *testing.T, g *gate) (*sqs.Topic, *sqs.Subscription) {
 		Retryer:      aws.NopRetryer{},
 		HTTPClient:   g,
 	})
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: 60 * time.Second, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: 60 * time.Second, WaitTime: time.Second}
 	ctx := t.Context()
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("g"), opts)
 	if err != nil {

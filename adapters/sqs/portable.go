@@ -31,7 +31,7 @@ func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *O
 }
 
 // OpenSubscription returns a Subscriber of the FIFO queue at queueURL: one
-// consumer of the queue. opts.Visibility is the lease and opts.WaitTime the
+// consumer of the queue. opts.Lease is the lease and opts.WaitTime the
 // long-poll wait; the client stays the caller's. cfg configures the
 // Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *subscribe.Config) (*subscribe.Subscriber, error) {

@@ -331,7 +331,7 @@ const (
 
 // Defaults for Options.
 const (
-	// VisibilityDefault is Options.Visibility's default.
+	// VisibilityDefault is Options.Lease's default.
 	VisibilityDefault = 30 * time.Second
 	// WaitTimeDefault is Options.WaitTime's default.
 	WaitTimeDefault = 2 * time.Second
@@ -350,8 +350,9 @@ type Options struct {
 	// VisibilityDefault.
 	Lease time.Duration
 	// Visibility is the older name of Lease, read when Lease is not set (Lease
-	// wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	Visibility time.Duration
 	// OldestFirst makes Receive ask SQS for a full batch of 10 and hand
 	// out the oldest group heads among them first, putting back what the
@@ -503,10 +504,10 @@ func CreateQueue(ctx context.Context, client *sqs.Client, name string, opts *Opt
 	if err != nil {
 		return "", err
 	}
-	if _, err := createFIFO(ctx, client, dead, nil, o.Visibility); err != nil {
+	if _, err := createFIFO(ctx, client, dead, nil, o.Lease); err != nil {
 		return "", err
 	}
-	u, err := createFIFO(ctx, client, name, map[string]string{TagOrdering: o.Ordering.String()}, o.Visibility)
+	u, err := createFIFO(ctx, client, name, map[string]string{TagOrdering: o.Ordering.String()}, o.Lease)
 	if err != nil {
 		return "", err
 	}
@@ -711,8 +712,8 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 		case "ordering":
 			c.opts.Ordering, perr = policy.ParseOrdering(v)
 		case "lease":
-			c.opts.Visibility, perr = time.ParseDuration(v)
-			if perr == nil && (c.opts.Visibility < time.Second || c.opts.Visibility > MaxVisibility) {
+			c.opts.Lease, perr = time.ParseDuration(v)
+			if perr == nil && (c.opts.Lease < time.Second || c.opts.Lease > MaxVisibility) {
 				perr = fmt.Errorf("want a duration from 1s to %v", MaxVisibility)
 			}
 		case "wait":

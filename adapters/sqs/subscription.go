@@ -73,7 +73,7 @@ type delivery struct {
 
 // openSubscription returns a consuming driver for the FIFO queue at
 // queueURL. opts.Ordering must match the queue's keyorder-ordering tag;
-// opts.Visibility is the lease and opts.WaitTime the long-poll wait. The
+// opts.Lease is the lease and opts.WaitTime the long-poll wait. The
 // client stays the caller's.
 func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*subscriptionDriver, error) {
 	if client == nil {
@@ -89,7 +89,7 @@ func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	}
 	s := &subscriptionDriver{
 		client: client, queueURL: queueURL, deadName: dead,
-		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
+		ordering: o.Ordering, lease: o.Lease, wait: o.WaitTime,
 		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
 	}
 	if o.StartStore != nil {
@@ -1030,6 +1030,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		want[id] = true
 	}
 	n := 0
+	var done []string // the IDs redriven
 	_, err = s.walkDead(ctx, dq, func(dm deadMessage) (bool, error) {
 		if !want[dm.dl.Message.ID] {
 			return false, nil
@@ -1049,12 +1050,16 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return false, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err)
 		}
 		n++
+		done = append(done, dm.dl.Message.ID)
 		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
 			return true, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err)
 		}
 		return true, nil
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Capabilities describes the subscription: SQS holds groups natively, and

@@ -219,6 +219,8 @@ type cli struct {
 	cmd string
 	// cmdCtx is the command's context once bound by --timeout.
 	cmdCtx context.Context
+	// rawURL is the command's URL argument, once given.
+	rawURL string
 }
 
 // usageError is a command-line mistake (exit 2).
@@ -280,6 +282,7 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	if c.cmdCtx != nil {
 		err = timedOut(c.cmdCtx, err)
 	}
+	err = c.unreachable(ctx, c.rawURL, err)
 	code := exitFailure
 	var ue *usageError
 	switch {
@@ -565,6 +568,7 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 		return "", usagef("%s: want exactly one URL argument, got %d", name, len(pos))
 	}
 	c.addSecrets(pos[0])
+	c.rawURL = pos[0]
 	u, err := url.Parse(pos[0])
 	if err == nil && strings.EqualFold(u.Scheme, "mem") && !c.allowMem {
 		return "", errMemURL()
