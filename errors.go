@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -107,6 +108,36 @@ func (e *ParamError) Error() string {
 
 // Is reports whether target is ErrBadURL.
 func (e *ParamError) Is(target error) bool { return target == ErrBadURL }
+
+// NotDeadLetterError is returned by Redrive when some of the IDs it was
+// given are not dead letters of the subscription: never dead-lettered,
+// already redriven, or unknown. The others were redriven (the count
+// Redrive returns). It matches ErrNotFound.
+type NotDeadLetterError struct {
+	// IDs are the message IDs that are not dead letters, each once, in
+	// the order given.
+	IDs []string
+}
+
+// Error implements error.
+func (e *NotDeadLetterError) Error() string {
+	if len(e.IDs) == 1 {
+		return fmt.Sprintf("keyorder: %q is not a dead letter of the subscription", e.IDs[0])
+	}
+	const show = 5
+	q := make([]string, 0, show)
+	for _, id := range e.IDs[:min(len(e.IDs), show)] {
+		q = append(q, fmt.Sprintf("%q", id))
+	}
+	more := ""
+	if len(e.IDs) > show {
+		more = fmt.Sprintf(" and %d more", len(e.IDs)-show)
+	}
+	return fmt.Sprintf("keyorder: %d IDs are not dead letters of the subscription: %s%s", len(e.IDs), strings.Join(q, ", "), more)
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotDeadLetterError) Is(target error) bool { return target == ErrNotFound }
 
 // KeyPausedError is returned by a publish of a paused key. It matches
 // ErrKeyPaused and unwraps to the error that paused the key.

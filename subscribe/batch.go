@@ -325,10 +325,12 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *bat
 	if !ok {
 		return r
 	}
+	defer s.revokeSettled(run)
 	ends, err := s.callBatch(hctx, h, run)
 	cut := s.endAttempt(ctx, hctx, run)
 	if s.abandoned.Load() {
 		// Run returned without waiting for it (Close's deadline).
+		s.abandonedReturned(run)
 		c.its = nil
 		return lanes.Done()
 	}

@@ -41,10 +41,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if !ok {
 		return r
 	}
+	defer s.revokeSettled(run)
 	end, err := s.call(hctx, h, it)
 	cut := s.endAttempt(ctx, hctx, run)
 	if s.abandoned.Load() {
 		// Run returned without waiting for it (Close's deadline).
+		s.abandonedReturned(run)
 		return lanes.Done()
 	}
 	ends := [1]func(Outcome, error){end}
@@ -190,6 +192,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	if cause == nil {
 		i = len(run)
 	}
+	var now []*item // revoked while running: acknowledged before revoke returns
 	for k, it := range run[:i] {
 		if it.fenced.Load() {
 			// The driver refused its settlement in the handler (the
@@ -201,12 +204,39 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
+		if it.revoking.Load() {
+			now = append(now, it)
+			continue
+		}
 		s.acks.push(it)
+	}
+	if len(now) > 0 {
+		s.ackNow(now)
 	}
 	if cause == nil {
 		return nil, lanes.Done()
 	}
 	it, rest := run[i], run[i+1:]
+	var revoked []*item
+	for _, o := range run[i:] {
+		if o.revoking.Load() {
+			// Revoked while it ran (see revoke): it does not run here
+			// again; the partition's next owner runs it, the driver
+			// counting the attempt that started. Under in-process hold
+			// its key's later messages that come here wait for its
+			// redelivery (a barrier, as for a lost lease).
+			o.mu.Lock()
+			o.fenced.Store(true)
+			o.lost.Store(true)
+			o.mu.Unlock()
+			revoked = append(revoked, o)
+		}
+	}
+	if len(revoked) > 0 {
+		s.mu.Lock()
+		s.leaseLost(revoked)
+		s.mu.Unlock()
+	}
 	// outcome ends the observation of the failed member's attempt with o,
 	// and of those behind it, which never ran, as released.
 	outcome := func(o Outcome) {
@@ -327,6 +357,30 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	it.due = at.Sub(s.born)
 	s.park(it)
 	return run[i:], lanes.RetryAt(at)
+}
+
+// ackNow acknowledges its on the caller's lane, not through the acker:
+// they were revoked while they ran, and revoke returns only once their
+// acknowledgements have reached the driver.
+func (s *Subscriber) ackNow(its []*item) {
+	ms := make([]*driver.Message, 0, len(its))
+	s.mu.Lock()
+	for _, it := range its {
+		s.removeOutstanding(it)
+		if !it.fenced.Load() {
+			ms = append(ms, it.m)
+		}
+	}
+	s.mu.Unlock()
+	if len(ms) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		defer cancel()
+		if err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
+			s.stats.SettleFailures.Add(1)
+			s.cfg.Logger.Warn("keyorder: acknowledging revoked messages failed; the partition's next owner may run them again", "count", len(ms), "err", err)
+		}
+	}
+	s.forgetAll(its)
 }
 
 // cut gives back members that must not run now (the first was lost, or

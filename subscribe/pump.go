@@ -33,6 +33,10 @@ type item struct {
 	// (driver.Attempt.LeaseLost): it is not settled even if the handler
 	// succeeds, since another consumer may hold it now.
 	fenced atomic.Bool
+	// revoking: revoked while its handler ran (see revoke.go): revoke
+	// waits until the run's result has reached the driver
+	// (Subscriber.revokeWaits).
+	revoking atomic.Bool
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held

@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -125,8 +126,9 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 	if dead, err := s.DeadLetters(ctx, 0); err != nil || len(dead) != 0 {
 		t.Fatalf("DeadLetters: %v, %v; want none", dead, err)
 	}
-	if n, err := s.Redrive(ctx, []string{"nope"}); err != nil || n != 0 {
-		t.Fatalf("Redrive of an unknown ID: %d, %v; want 0, nil", n, err)
+	var nd *keyorder.NotDeadLetterError
+	if n, err := s.Redrive(ctx, []string{"nope"}); !errors.As(err, &nd) || n != 0 || !slices.Equal(nd.IDs, []string{"nope"}) {
+		t.Fatalf("Redrive of an unknown ID: %d, %v; want 0, a NotDeadLetterError naming it", n, err)
 	}
 	if err := s.Ack(ctx, nil); err != nil {
 		t.Fatal(err)

@@ -594,10 +594,12 @@ func (s *subscription) deadLetters(limit int) []driver.DeadLetter {
 	return slices.Clone(s.dead[:n])
 }
 
-func (s *subscription) redrive(ids []string) int {
+// redrive re-enqueues the dead letters with these IDs and returns the IDs
+// of those it redrove.
+func (s *subscription) redrive(ids []string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	var done []string
 	s.dead = slices.DeleteFunc(s.dead, func(d driver.DeadLetter) bool {
 		if !slices.Contains(ids, d.Message.ID) {
 			return false
@@ -605,11 +607,11 @@ func (s *subscription) redrive(ids []string) int {
 		m := d.Message
 		m.NotBefore = time.Time{}
 		s.add(&entry{msg: m})
-		n++
+		done = append(done, m.ID)
 		return true
 	})
-	if n > 0 {
+	if len(done) > 0 {
 		s.signal()
 	}
-	return n
+	return done
 }

@@ -683,6 +683,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		return 0, err
 	}
 	n := 0
+	var done []string // the IDs redriven
 	for i, rm := range rms {
 		dl := s.deadLetterOf(rm)
 		if !slices.Contains(ids, dl.Message.ID) {
@@ -704,8 +705,9 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return n + 1, fmt.Errorf("pubsub: redrive %q: remove dead letter: %w", m.ID, err)
 		}
 		n++
+		done = append(done, m.ID)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's ID (driver.Namer).

@@ -998,6 +998,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		want[id] = true
 	}
 	n := 0
+	var done []string // the IDs redriven
 	_, err = s.walkDead(ctx, dq, func(dm deadMessage) (bool, error) {
 		if !want[dm.dl.Message.ID] {
 			return false, nil
@@ -1017,12 +1018,16 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return false, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err)
 		}
 		n++
+		done = append(done, dm.dl.Message.ID)
 		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
 			return true, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err)
 		}
 		return true, nil
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Capabilities describes the subscription: SQS holds groups natively, and

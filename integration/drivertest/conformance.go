@@ -52,6 +52,7 @@ var cases = []testCase{
 	{"DeadLetterThenGroupContinues", Spec{Ordering: policy.Ordered}, deadLetterThenContinue},
 	{"RedriveOrder", Spec{Ordering: policy.Ordered}, redriveOrder},
 	{"RedriveAfterDeadLetterErrorRuns", Spec{Ordering: policy.Ordered}, redriveAfterDeadLetterError},
+	{"RedriveOfNotDeadLettersSaysSo", Spec{Ordering: policy.Ordered}, redriveNotDeadLetters},
 	{"MissingKeyRejectVsUnordered", Spec{Ordering: policy.Ordered}, missingKey},
 	{"ExclusiveAllowsOvertaking", Spec{Ordering: policy.Exclusive}, exclusiveOvertakes},
 	{"ParallelRunsKeyConcurrently", Spec{Ordering: policy.Parallel}, parallelConcurrent},
