@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"runtime"
 	"strings"
@@ -165,5 +166,22 @@ func TestEndpointOf(t *testing.T) {
 		if e, ok := endpointOf(raw); ok {
 			t.Errorf("endpointOf(%q) = %v, want none", raw, e)
 		}
+	}
+}
+
+// onceHandler passes each level and message once, whatever the attributes,
+// through derived handlers too.
+func TestOnceHandler(t *testing.T) {
+	var b strings.Builder
+	l := slog.New(newOnceHandler(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	for i := range 5 {
+		l.Warn("Failed to connect to broker.", "attempt", i)
+		l.With("remote_addr", "x").Warn("Failed to connect to broker.")
+	}
+	l.Error("Failed to connect to broker.")
+	l.Warn("another")
+	l.Info("below the level")
+	if got := strings.Count(b.String(), "\n"); got != 3 || !strings.Contains(b.String(), "attempt=0") {
+		t.Errorf("%d lines:\n%s", got, b.String())
 	}
 }

@@ -47,12 +47,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -83,9 +85,51 @@ const defaultTimeout = 30 * time.Second
 
 func main() {
 	ctx, stop := notifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	// What the libraries log on the default logger (a client's warnings)
+	// goes through the redaction, each message once: the Pulsar client
+	// logs "Failed to connect to broker" several times a second while a
+	// broker does not answer.
+	slog.SetDefault(slog.New(newOnceHandler(slog.NewTextHandler(cleanWriter{c}, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	code := c.run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
+}
+
+// onceHandler passes a record on only the first time its level and
+// message are seen.
+type onceHandler struct {
+	slog.Handler
+	mu   *sync.Mutex
+	seen map[string]bool
+}
+
+func newOnceHandler(h slog.Handler) onceHandler {
+	return onceHandler{Handler: h, mu: new(sync.Mutex), seen: map[string]bool{}}
+}
+
+// Handle implements slog.Handler.
+func (h onceHandler) Handle(ctx context.Context, r slog.Record) error {
+	k := r.Level.String() + " " + r.Message
+	h.mu.Lock()
+	seen := h.seen[k]
+	h.seen[k] = true
+	h.mu.Unlock()
+	if seen {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+// WithAttrs implements slog.Handler; the derived handler shares what was
+// seen.
+func (h onceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return onceHandler{h.Handler.WithAttrs(as), h.mu, h.seen}
+}
+
+// WithGroup implements slog.Handler.
+func (h onceHandler) WithGroup(name string) slog.Handler {
+	return onceHandler{h.Handler.WithGroup(name), h.mu, h.seen}
 }
 
 // interrupted is the cause of the command's context when a signal ended

@@ -318,6 +318,15 @@ func TestBinary(t *testing.T) {
 	if code, _, stderr := runBin("stats", "postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1"); code != 1 || strings.Count(stderr, "keyorder:") != 1 {
 		t.Errorf("unreachable PostgreSQL: exit %d, stderr %q", code, stderr)
 	}
+	// A client library's retry warnings print once, redacted: the Pulsar
+	// client warns on every failed connection, several times a second.
+	if code, _, stderr := runBin("stats", "pulsar://"+closedPort(t)+"/a/b/t?subscription=s&token=t0psecret", "--timeout", "2s"); code != 1 ||
+		strings.Count(stderr, "Failed to connect to broker") != 1 || !strings.Contains(stderr, "no Pulsar broker answered at ") || strings.Contains(stderr, "t0psecret") {
+		t.Errorf("unreachable Pulsar: exit %d, stderr %q; want one warning and the broker named", code, stderr)
+	}
+	if code, stdout, stderr := runBin("--version"); code != 0 || stderr != "" || !strings.HasPrefix(stdout, "keyorder ") {
+		t.Errorf("--version: exit %d, stderr %q, stdout %q", code, stderr, stdout)
+	}
 	m, err := exec.Command("go", "version", "-m", bin).Output()
 	if err != nil {
 		t.Fatal(err)
