@@ -881,48 +881,65 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 		return nil, fmt.Errorf("pulsar: reader of %s: %w", s.deadTopic, err)
 	}
 	defer r.Close()
-	var order []string
-	byID := map[string]driver.DeadLetter{}
+	var log driverkit.DeadLog
 	for r.HasNext() {
 		pm, err := r.Next(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("pulsar: read %s: %w", s.deadTopic, err)
 		}
 		if id, ok := pm.Properties()[PropRedriven]; ok {
-			delete(byID, id)
+			log.Redriven(id)
 			continue
 		}
-		dl := deadLetterOf(pm)
-		if _, seen := byID[dl.Message.ID]; !seen {
-			order = append(order, dl.Message.ID)
-		}
-		byID[dl.Message.ID] = dl
+		log.Add(deadLetterOf(pm))
 	}
-	out := make([]driver.DeadLetter, 0, len(byID))
-	for _, id := range order {
-		if dl, ok := byID[id]; ok {
-			out = append(out, dl)
-			delete(byID, id)
-		}
-	}
-	return out, nil
+	return log.Letters(), nil
 }
 
 func deadLetterOf(pm pulsar.Message) driver.DeadLetter {
 	return driverkit.DeadLetterOf(fromMessage(pm))
 }
 
+// deadStore is DeadLetters and Redrive over <topic>-<subscription>-dead:
+// a redriven message is republished on the topic (with its key, headers
+// and ID, after everything published meanwhile) and marked redriven on the
+// dead-letter topic. It reaches every subscription of the topic, not only
+// this one.
+func (s *subscriptionDriver) deadStore() driverkit.LogStore {
+	return driverkit.LogStore{
+		Read:  s.readDead,
+		Ready: func() error { _, _, err := s.producers(); return err },
+		Republish: func(ctx context.Context, m *driver.Message) error {
+			_, topic, err := s.producers()
+			var pm *pulsar.ProducerMessage
+			if err == nil {
+				pm, err = toProducerMessage(m)
+			}
+			if err == nil {
+				_, err = topic.Send(ctx, pm)
+			}
+			if err != nil {
+				return fmt.Errorf("pulsar: redrive %q to %s: %w", m.ID, s.topic, err)
+			}
+			return nil
+		},
+		MarkRedriven: func(ctx context.Context, id string) error {
+			dead, _, err := s.producers()
+			if err == nil {
+				_, err = dead.Send(ctx, &pulsar.ProducerMessage{Properties: map[string]string{PropRedriven: id}})
+			}
+			if err != nil {
+				return fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", id, err)
+			}
+			return nil
+		},
+	}
+}
+
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
 // first, reading <topic>-<subscription>-dead from its start.
 func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if limit > 0 && len(dls) > limit {
-		dls = dls[:limit]
-	}
-	return dls, nil
+	return s.deadStore().DeadLetters(ctx, limit)
 }
 
 // Redrive republishes the dead letters with these IDs on the topic, with
@@ -931,40 +948,7 @@ func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 // dead-letter topic. A redriven message reaches every subscription of the
 // topic, not only this one.
 func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return 0, err
-	}
-	dead, topic, err := s.producers()
-	if err != nil {
-		return 0, err
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	n := 0
-	var done []string // the IDs redriven
-	for _, dl := range dls {
-		if !want[dl.Message.ID] {
-			continue
-		}
-		m := dl.Message
-		m.NotBefore = time.Time{}
-		pm, err := toProducerMessage(&m)
-		if err == nil {
-			_, err = topic.Send(ctx, pm)
-		}
-		if err != nil {
-			return n, fmt.Errorf("pulsar: redrive %q to %s: %w", m.ID, s.topic, err)
-		}
-		if _, err := dead.Send(ctx, &pulsar.ProducerMessage{Properties: map[string]string{PropRedriven: m.ID}}); err != nil {
-			return n + 1, fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", m.ID, err)
-		}
-		n++
-		done = append(done, m.ID)
-	}
-	return n, driver.NotDeadLetters(ids, done)
+	return s.deadStore().Redrive(ctx, ids)
 }
 
 // Name returns the subscription's name (Delivery.Subscription).
