@@ -116,7 +116,16 @@ func (l *lane[T]) take() (h groupq.Handle[T], ok, timed bool) {
 			return h, false, false
 		}
 		it := l.staged.pop()
-		if !it.At.IsZero() && now.IsZero() {
+		if it.At.IsZero() {
+			// Nothing in q is deliverable, so this oldest staged item is
+			// the next one if its key lets it start (nothing of the key
+			// queued or in flight): it starts at once, without a trip
+			// through q's heaps.
+			h = groupq.Handle[T]{Item: it}
+			if l.q.Start(&h) {
+				return h, true, !now.IsZero()
+			}
+		} else if now.IsZero() {
 			now = time.Now()
 		}
 		l.q.Push(it)

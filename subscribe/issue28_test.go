@@ -840,7 +840,7 @@ func TestRevokeTakesBackWaitingItems(t *testing.T) {
 // was acknowledged.
 func TestRevokeWaitsForRunningHandlers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: time.Hour})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: time.Hour})
 		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)

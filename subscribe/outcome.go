@@ -295,7 +295,19 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	}
 	if dead != "" {
 		outcome(OutcomeDeadLetter)
-		s.deadLetter(it, dead)
+		if err := s.deadLetter(it, dead); err != nil && s.caps.NativeHold && s.caps.Ordering == policy.Ordered && it.chain != nil {
+			// The call may not have landed (the lease was lost, or it
+			// was given up): the broker would redeliver the message, and
+			// nothing of its chain, leased here, may run before it. The
+			// chain breaks and its rest goes back, to come after the
+			// redelivery (dead-lettered again: undeadNote). (Under
+			// in-process hold the key goes on: a barrier would hold it
+			// for barrierLeases leases when the call did land and only
+			// its answer was lost, which no driver tells apart.)
+			it.chain.broken.Store(true) // members in other lane items too
+			s.cut(rest)
+			return nil, lanes.Done()
+		}
 		if len(rest) == 0 {
 			return nil, lanes.Done()
 		}
@@ -420,10 +432,12 @@ func (s *Subscriber) cutAtStop(its []*item) {
 	s.giveBackAtStop(back)
 }
 
-func (s *Subscriber) deadLetter(it *item, reason string) {
+// deadLetter dead-letters it for reason; an error means the call did not
+// land (see deadLetterAs).
+func (s *Subscriber) deadLetter(it *item, reason string) error {
 	s.stats.DeadLettered.Add(1)
 	s.cfg.Logger.Warn("keyorder: message dead-lettered", "id", it.m.ID, "key", it.m.Key, "attempts", it.attempt, "reason", reason)
-	s.deadLetterAs(it, reason, it.attempt)
+	return s.deadLetterAs(it, reason, it.attempt)
 }
 
 // deadLetterAs hands it to the driver's DeadLetter, and remembers the
@@ -434,9 +448,10 @@ func (s *Subscriber) deadLetter(it *item, reason string) {
 // key's later messages when an earlier one's lease runs out (Pub/Sub
 // redelivers acknowledged messages too), and running it again would run it
 // after messages of its key that ran after it was dead-lettered.
-func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
+func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) error {
 	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
 	s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt, landed: err == nil})
+	return err
 }
 
 // redeliveredDead settles a redelivery of a message this process

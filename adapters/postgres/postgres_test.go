@@ -46,12 +46,12 @@ func TestMigrateIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 3})
-	if err != nil || res.Version != 1 || len(res.Applied) != 3 {
+	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 4})
+	if err != nil || res.Version != 1 || len(res.Applied) != 4 {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 4 {
+	if err != nil || res.Version != 5 {
 		t.Fatalf("up again: %+v %v", res, err)
 	}
 }

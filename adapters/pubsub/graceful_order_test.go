@@ -101,9 +101,22 @@ func TestGracefulStopKeepsKeyOrder(t *testing.T) {
 	}
 	done := run(first)
 	waitUntil("a1's first run", func(ev []string) bool { return slices.Contains(ev, "start a1") })
-	// a2 and a3 came with a1 or come while it waits: give the stream a
-	// moment to bring them, so that the stop hands them back.
-	time.Sleep(500 * time.Millisecond)
+	// a2 and a3 came with a1 or come while it waits: the stop hands all
+	// three back.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := first.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Outstanding == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s the first subscriber holds %d messages, want a1, a2, a3", st.Outstanding)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	cctx, ccancel := context.WithTimeout(ctx, 15*time.Second)
 	err = first.Close(cctx)
 	ccancel()

@@ -32,7 +32,7 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 	if err != nil {
 		return nil, err
 	}
-	ks, err := subscribe.New(s, cfg)
+	ks, err := subscribe.New(s.portable(), cfg)
 	if err != nil {
 		return nil, errors.Join(err, s.Close())
 	}
