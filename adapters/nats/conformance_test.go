@@ -87,6 +87,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Sp
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // the module's tests overlap: most of their time is waiting for leases
 	drivertest.Run(t, &harness{js: connect(t)})
 }
 

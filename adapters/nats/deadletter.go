@@ -85,6 +85,9 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 	}
 	s.mu.Lock()
 	err = s.settle(d)
+	if err == nil {
+		s.clearRun(d)
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return err

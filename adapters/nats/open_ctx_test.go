@@ -9,6 +9,7 @@ import (
 // TestOpenHonoursContext: publish.Open and subscribe.Open of an unreachable
 // or hanging server return when their context ends, with its error.
 func TestOpenHonoursContext(t *testing.T) {
+	t.Parallel() // the module's tests overlap: most of their time is waiting for leases
 	for _, addr := range []string{drivertest.Unreachable(t), drivertest.Blackhole(t)} {
 		base := "nats://" + addr + "/S"
 		drivertest.CheckOpenHonoursContext(t, base, base+"?subscription=s")

@@ -1,12 +1,14 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,6 +112,11 @@ func consumerName(sub string, p int) string { return sub + "_p" + strconv.Itoa(p
 type inMsg struct {
 	msg  jetstream.Msg
 	meta *jetstream.MsgMetadata
+	// From the run record of a redelivery (see runs.go): the attempts
+	// used, whether a record exists, and the retry time it carries.
+	runs      int
+	hasRec    bool
+	notBefore time.Time
 }
 
 // part is a partition this process owns.
@@ -127,7 +134,6 @@ type part struct {
 	revoking bool
 	backlog  []inMsg
 	live     int
-	unc      map[uint64]int // deliveries given back unrun, by stream sequence
 	wake     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -141,6 +147,17 @@ type delivery struct {
 	started  atomic.Bool
 	settled  bool
 	lost     bool
+
+	// The run record (runs.go); guarded by the driver's mu, writes
+	// serialized by recMu.
+	recMu     sync.Mutex
+	starts    int       // handler starts in this delivery
+	startedAt time.Time // the last start
+	recorded  int       // the runs recorded
+	writing   bool      // a record write is in flight
+	acked     bool      // acknowledged or dead-lettered: no record from now on
+	returned  bool      // given back by Return with notBefore
+	notBefore time.Time
 }
 
 type subscriptionDriver struct {
@@ -167,12 +184,21 @@ type subscriptionDriver struct {
 	loopEnd chan struct{}
 	leave   chan struct{}
 	wg      sync.WaitGroup
+	recWG   sync.WaitGroup // run record writes in the background
+
+	// The gate around a charged start (runs.go): while gate is unsettled
+	// and before gateUntil, other handlers wait to start; starting counts
+	// the starts recording synchronously.
+	gate      *delivery
+	gateUntil time.Time
+	starting  int
 }
 
 var (
 	_ driver.Subscription    = (*subscriptionDriver)(nil)
 	_ driver.DeadLetterStore = (*subscriptionDriver)(nil)
 	_ driver.StartRecorder   = (*subscriptionDriver)(nil)
+	_ driver.Returner        = (*subscriptionDriver)(nil)
 	_ driver.Namer           = (*subscriptionDriver)(nil)
 	_ driver.Revocable       = (*subscriptionDriver)(nil)
 )
@@ -265,6 +291,7 @@ func (s *subscriptionDriver) loop(leave, end chan struct{}) {
 		if s.watchdog() {
 			return
 		}
+		s.recordLazily()
 		if time.Now().Before(next) {
 			continue
 		}
@@ -417,18 +444,7 @@ func (s *subscriptionDriver) acquire(ctx context.Context, n int, rev uint64, sen
 	if err != nil {
 		return err
 	}
-	unc := map[uint64]int{}
-	if e, err := s.state.Get(ctx, "u."+strconv.Itoa(n)); err == nil {
-		var m map[string]int
-		if json.Unmarshal(e.Value(), &m) == nil {
-			for k, v := range m {
-				if seq, err := strconv.ParseUint(k, 10, 64); err == nil {
-					unc[seq] = v
-				}
-			}
-		}
-	}
-	p := &part{n: n, cons: cons, rev: rev, until: sent.Add(s.ttl - s.tick()), unc: unc,
+	p := &part{n: n, cons: cons, rev: rev, until: sent.Add(s.ttl - s.tick()),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	// The previous owner's unacknowledged messages come back as their
 	// AckWait runs out, in the order they expire, not in stream order (a
@@ -490,8 +506,12 @@ func (s *subscriptionDriver) fetch(p *part) {
 				if merr != nil {
 					continue
 				}
+				in := inMsg{msg: m, meta: meta}
+				ctx, cancel := context.WithTimeout(context.Background(), s.tick())
+				s.readRun(ctx, &in)
+				cancel()
 				s.mu.Lock()
-				p.backlog = insertBySeq(p.backlog, inMsg{m, meta})
+				p.backlog = insertBySeq(p.backlog, in)
 				if !p.settled0 && meta.Sequence.Stream <= p.leftSeq {
 					p.got++
 				}
@@ -630,7 +650,10 @@ func (s *subscriptionDriver) message(d *delivery) *driver.Message {
 	m := fromMsg(in.msg.Subject(), in.msg.Headers(), in.msg.Data())
 	seq := in.meta.Sequence.Stream
 	m.AckID = d
-	m.Attempt = max(int(in.meta.NumDelivered)-d.p.unc[seq], 1)
+	m.Attempt = in.runs + 1
+	if in.notBefore.After(m.NotBefore) {
+		m.NotBefore = in.notBefore
+	}
 	m.PublishTime = in.meta.Timestamp
 	m.Copy = seq
 	if m.ID == "" {
@@ -696,7 +719,9 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 		if err == nil {
 			s.mu.Lock()
 			err = s.settle(d)
-			delete(d.p.unc, d.in.meta.Sequence.Stream)
+			if err == nil {
+				s.clearRun(d)
+			}
 			s.mu.Unlock()
 		}
 		if err == nil {
@@ -709,11 +734,14 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 	return first
 }
 
-// Nack gives m back counted; the subscribe package never calls it (no
-// native hold).
+// Nack gives m back counted (its runs recorded first); the subscribe
+// package never calls it (no native hold).
 func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
 	d, err := deliveryOf(m)
 	if err != nil {
+		return err
+	}
+	if err := s.record(ctx, d); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -725,10 +753,11 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay 
 	return d.in.msg.NakWithDelay(delay)
 }
 
-// Release gives ms back unrun: the server redelivers them at once
-// (Nak), and the driver records the delivery as not counted.
+// Release gives ms back: the server redelivers them at once (Nak). A
+// message that never started has no record and comes back as the attempt
+// it was; one that started is recorded first.
 func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) error {
-	byPart := map[*part][]inMsg{}
+	byPart := map[*part][]*delivery{}
 	s.mu.Lock()
 	for _, m := range ms {
 		d, err := deliveryOf(m)
@@ -741,46 +770,31 @@ func (s *subscriptionDriver) Release(ctx context.Context, ms []*driver.Message) 
 		}
 		_ = s.settle(d)
 		if !d.lost {
-			byPart[d.p] = append(byPart[d.p], d.in)
+			byPart[d.p] = append(byPart[d.p], d)
 		}
 	}
 	s.mu.Unlock()
-	for p, ins := range byPart {
-		s.giveBack(ctx, p, ins, nil)
+	for _, ds := range byPart {
+		s.giveBack(ctx, ds)
 	}
 	return nil
 }
 
-// giveBack records ins (and counted, counted) in p's state and naks them,
-// in stream order.
-func (s *subscriptionDriver) giveBack(ctx context.Context, p *part, uncounted, counted []inMsg) {
-	if len(uncounted) > 0 {
-		s.mu.Lock()
-		for _, in := range uncounted {
-			p.unc[in.meta.Sequence.Stream]++
-		}
-		enc := make(map[string]int, len(p.unc))
-		for k, v := range p.unc {
-			enc[strconv.FormatUint(k, 10)] = v
-		}
-		s.mu.Unlock()
-		b, _ := json.Marshal(enc)
-		if _, err := s.state.Put(ctx, "u."+strconv.Itoa(p.n), b); err != nil {
-			s.opts.Logger.Warn("keyorder: nats: recording deliveries given back", "subscription", s.sub, "partition", p.n, "err", err)
+// giveBack naks ds in stream order, after recording the runs of those
+// that started.
+func (s *subscriptionDriver) giveBack(ctx context.Context, ds []*delivery) {
+	for _, d := range ds {
+		if d.started.Load() {
+			if err := s.record(ctx, d); err != nil {
+				s.opts.Logger.Warn("keyorder: nats: recording the runs of a message given back", "subscription", s.sub, "err", err)
+			}
 		}
 	}
-	all := append(append([]inMsg(nil), uncounted...), counted...)
-	sortBySeq(all)
-	for _, in := range all {
-		_ = in.msg.Nak()
-	}
-}
-
-func sortBySeq(ins []inMsg) {
-	for i := 1; i < len(ins); i++ {
-		for j := i; j > 0 && ins[j].meta.Sequence.Stream < ins[j-1].meta.Sequence.Stream; j-- {
-			ins[j], ins[j-1] = ins[j-1], ins[j]
-		}
+	slices.SortFunc(ds, func(a, b *delivery) int {
+		return cmp.Compare(a.in.meta.Sequence.Stream, b.in.meta.Sequence.Stream)
+	})
+	for _, d := range ds {
+		_ = d.in.msg.Nak()
 	}
 }
 
@@ -809,16 +823,6 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Mess
 		_ = m.InProgress()
 	}
 	return lost, nil
-}
-
-// Started records that the handlers of ms start.
-func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) error {
-	for _, m := range ms {
-		if d, ok := m.AckID.(*delivery); ok && d != nil {
-			d.started.Store(true)
-		}
-	}
-	return nil
 }
 
 // release stops consuming p: no more hand-outs, the fetcher stopped, the
@@ -889,9 +893,11 @@ func (s *subscriptionDriver) release(p *part, graceful bool) {
 			break
 		}
 	}
-	var unc, cnt []inMsg
+	var back []*delivery
 	s.mu.Lock()
-	unc = append(unc, p.backlog...)
+	for _, in := range p.backlog {
+		back = append(back, &delivery{p: p, in: in})
+	}
 	p.backlog = nil
 	for d := range s.live {
 		if d.p != p {
@@ -900,17 +906,13 @@ func (s *subscriptionDriver) release(p *part, graceful bool) {
 		d.lost = true
 		d.settled = true
 		delete(s.live, d)
-		if d.started.Load() {
-			cnt = append(cnt, d.in)
-		} else {
-			unc = append(unc, d.in)
-		}
+		back = append(back, d)
 	}
 	rev := p.rev
 	s.mu.Unlock()
 	gctx, gcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer gcancel()
-	s.giveBack(gctx, p, unc, cnt)
+	s.giveBack(gctx, back)
 	_ = s.leases.Delete(gctx, partKey(p.n), jetstream.LastRevision(rev))
 	s.mu.Lock()
 	if s.parts[p.n] == p {
@@ -978,6 +980,7 @@ func (s *subscriptionDriver) Close() error {
 		go func() { defer wg.Done(); s.release(p, false) }()
 	}
 	wg.Wait()
+	s.recWG.Wait()
 	if joined {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = s.leases.Delete(ctx, "m."+s.id)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -92,7 +93,7 @@ func natsBackend(context.Context) (*backend, error) {
 				}
 				return &natsRaw{nc: c, js: cjs, stream: id, drop: drop}, nil
 			}}},
-			koSystems(f, t)...),
+			append(natsRawAttrs(addr, drop), koSystems(f, t)...)...),
 		close: nc.Close,
 	}, nil
 }
@@ -103,12 +104,49 @@ type natsRaw struct {
 	js     jetstream.JetStream
 	stream string
 	drop   func(string)
+	msgID  bool // each message carries a Nats-Msg-Id header (-raw-attrs)
+	idBase uint32
+}
+
+// natsRawAttrs returns, with -raw-attrs, the raw client publishing each
+// message with a Nats-Msg-Id header as keyorder does (a 36-character
+// ID): the stream then checks and records every ID in its duplicate
+// window, which the plain raw side skips.
+func natsRawAttrs(addr string, drop func(string)) []system {
+	if !*rawAttrs {
+		return nil
+	}
+	return []system{{name: "raw nats.go + Nats-Msg-Id",
+		open: func(ctx context.Context, id string) (endpoint, error) {
+			c, err := nats.Connect(addr)
+			if err != nil {
+				return nil, err
+			}
+			cjs, _ := jetstream.New(c)
+			if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}, Duplicates: 2 * time.Minute}); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return &natsRaw{nc: c, js: cjs, stream: id, drop: drop, msgID: true, idBase: uint32(time.Now().UnixNano())}, nil
+		}}}
 }
 
 func (e *natsRaw) publish(ctx context.Context, w *workload) error {
 	futs := make([]jetstream.PubAckFuture, 0, w.n())
 	for i := range w.n() {
-		f, err := e.js.PublishAsync(e.stream+"."+hex.EncodeToString([]byte(w.key(i))), w.payloads[i])
+		subject := e.stream + "." + hex.EncodeToString([]byte(w.key(i)))
+		if e.msgID {
+			m := nats.NewMsg(subject)
+			m.Data = w.payloads[i]
+			m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%08x-0000-7000-8000-%012x", e.idBase, i))
+			f, err := retryStalled(ctx, e.js, func() (jetstream.PubAckFuture, error) { return e.js.PublishMsgAsync(m) })
+			if err != nil {
+				return err
+			}
+			futs = append(futs, f)
+			continue
+		}
+		f, err := retryStalled(ctx, e.js, func() (jetstream.PubAckFuture, error) { return e.js.PublishAsync(subject, w.payloads[i]) })
 		if err != nil {
 			return err
 		}
@@ -127,6 +165,24 @@ func (e *natsRaw) publish(ctx context.Context, w *workload) error {
 		}
 	}
 	return nil
+}
+
+// retryStalled calls publish until it is not refused for a stalled async
+// window (a loaded server can stall the client's 4,000 unacknowledged
+// publishes), waiting for the window to drain in between, as an
+// application would.
+func retryStalled(ctx context.Context, js jetstream.JetStream, publish func() (jetstream.PubAckFuture, error)) (jetstream.PubAckFuture, error) {
+	for {
+		f, err := publish()
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			return f, err
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 func (e *natsRaw) consume(ctx context.Context, chk *orderCheck) error {
