@@ -232,8 +232,8 @@ func TestCompactLeaseLost(t *testing.T) {
 					if err := dead.Nack(ctx, m, 0); err != nil {
 						t.Fatal(err)
 					}
-					if err := dead.Ack(ctx, []*driver.Message{m}); err != nil {
-						t.Fatal(err)
+					if err := dead.Ack(ctx, []*driver.Message{m}); !errors.Is(err, postgres.ErrLeaseLost) {
+						t.Fatalf("stale ack = %v, want ErrLeaseLost", err)
 					}
 				}
 			}
