@@ -116,8 +116,6 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 	for i := range k {
 		sevens[i] = 7
 	}
-	var none []int64
-	var noKeys []string
 
 	statements := []struct {
 		name string
@@ -125,8 +123,8 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		args []any
 		rows int64 // rows the statement touches; -1: checked elsewhere
 	}{
-		{"Ack", postgres.SQLAck, []any{subs["p"], none, topicID, noKeys, none, ids, sevens}, -1}, // run below
-		{"Ack/keyed", postgres.SQLAck, []any{subs["o"], ids, topicID, idKeys, tokens, none, none}, -1},
+		{"Ack", postgres.SQLAck, []any{subs["p"], ids, topicID, sevens}, -1}, // run below
+		{"AckKeyed", postgres.SQLAckKeyed, []any{subs["o"], ids, topicID, idKeys, tokens}, -1},
 		{"LockRelease", postgres.SQLLockRelease, []any{subs["o"], ks}, k},
 		{"Release/Ordered", postgres.SQLRelease(false), []any{subs["o"], ks, tokens}, k / 2},
 		{"Release/Exclusive", postgres.SQLRelease(true), []any{subs["x"], ks, tokens}, k / 2},
@@ -182,7 +180,7 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		[]int32{subs["o"], subs["x"]}, ids[:k/2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, postgres.Expand(postgres.SQLAck, e.schema), subs["p"], none, topicID, noKeys, none, ids, sevens); err != nil {
+	if _, err := tx.Exec(ctx, postgres.Expand(postgres.SQLAck, e.schema), subs["p"], ids, topicID, sevens); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
 	var deliveries, bodies, ackedLeft, kept, held int

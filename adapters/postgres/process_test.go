@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 	case "":
 	case "stack":
 		os.Exit(helperStack())
+	case "ledger":
+		os.Exit(helperLedger())
 	default:
 		os.Exit(helperConsumer())
 	}

@@ -124,11 +124,11 @@ const sqlDropIdleHeads = `
 DELETE FROM {{schema}}.heads
 WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND claimable_at = 'infinity'`
 
-// sqlAck deletes settled deliveries and the message bodies no other
-// subscription of the topic still needs (dead letters keep their own copy),
-// guarded by the leases they were claimed under: $2, $4 and $5 are the keyed
-// deliveries' ids, keys and lease tokens, $6 and $7 the direct deliveries'
-// ids and tokens, $3 the topic. A keyed
+// sqlAckKeyed deletes settled keyed deliveries and the message bodies no
+// other subscription of the topic still needs (dead letters keep their own
+// copy), guarded by the leases they were claimed under: $2, $4 and $5 are
+// the deliveries' ids, keys and lease tokens, $3 the topic (sqlAck does the
+// same for direct deliveries; one call queues both as needed). A keyed
 // delivery is deleted only while its key's head still carries the token of
 // the claim that delivered it, and the head is locked FOR KEY SHARE until the
 // statement's transaction ends, as sqlComplete does: a claim taking the key
@@ -153,7 +153,7 @@ WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND clai
 // delivery of the subscription read per ack — and, with fresh statistics,
 // a nested loop of every message against the acked rows: 10 s for 1,000
 // ids over 100,000 messages instead of 3 ms (TestArrayPlansLookUpKeys).
-const sqlAck = `
+const sqlAckKeyed = `
 WITH lk AS (
     SELECT h.msg_key, h.lease_token FROM {{schema}}.heads h
     JOIN unnest($4::text[], $5::bigint[]) AS r(key, token)
@@ -161,27 +161,35 @@ WITH lk AS (
      AND h.msg_key = r.key AND h.lease_token = r.token
     ORDER BY h.msg_key
     FOR KEY SHARE OF h
-), kd AS (
+), d AS (
     DELETE FROM {{schema}}.deliveries d
     USING unnest($2::bigint[], $4::text[], $5::bigint[]) AS r(id, key, token)
     WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[]))) AND d.id = r.id
       AND (r.key, r.token) IN (SELECT lk.msg_key, lk.lease_token FROM lk)
     RETURNING d.id
-), dd AS (
+)` + ackBodies + `
+SELECT r.id FROM unnest($2::bigint[], $4::text[], $5::bigint[]) AS r(id, key, token)
+WHERE (r.key, r.token) NOT IN (SELECT lk.msg_key, lk.lease_token FROM lk)`
+
+// sqlAck is the acknowledgement of direct deliveries (sqlAckKeyed's
+// counterpart): $2 and $4 are their ids and lease tokens.
+const sqlAck = `
+WITH d AS (
     DELETE FROM {{schema}}.deliveries d
-    USING unnest($6::bigint[], $7::bigint[]) AS r(id, token)
-    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($6::bigint[]))) AND d.id = r.id AND d.lease_token = r.token
+    USING unnest($2::bigint[], $4::bigint[]) AS r(id, token)
+    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[]))) AND d.id = r.id AND d.lease_token = r.token
     RETURNING d.id
-), bodies AS (
-    DELETE FROM {{schema}}.messages m USING (SELECT kd.id FROM kd UNION ALL SELECT dd.id FROM dd) x WHERE m.id = x.id
+)` + ackBodies + `
+SELECT r.id FROM unnest($2::bigint[]) AS r(id) WHERE r.id NOT IN (SELECT d.id FROM d)`
+
+// ackBodies deletes the bodies of the acknowledged deliveries (d) that no
+// other subscription of topic $3 still holds.
+const ackBodies = `, bodies AS (
+    DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
     AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries o
         WHERE o.sub_id = ANY (ARRAY(SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $3 AND id <> $1))
           AND o.id = m.id)
-)
-SELECT r.id FROM unnest($2::bigint[], $4::text[], $5::bigint[]) AS r(id, key, token)
-WHERE (r.key, r.token) NOT IN (SELECT lk.msg_key, lk.lease_token FROM lk)
-UNION ALL
-SELECT r.id FROM unnest($6::bigint[]) AS r(id) WHERE r.id NOT IN (SELECT dd.id FROM dd)`
+)`
 
 // sqlNack makes a delivery claimable again after the delay. A keyed
 // delivery's key stays held by its head until the chain is released, and

@@ -432,8 +432,8 @@ func (su *pgSubscription) queueRelease(b *pgx.Batch, chains []*chain) {
 
 // run sends b (several statements run as one implicit transaction) with the
 // releases of the chains this call empties, then releases the chains that
-// were waiting for it. read, if not nil, reads the result of b's first
-// statement.
+// were waiting for it. read, if not nil, reads the results of b's first
+// statements (those queued before the call).
 func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement, read func(pgx.BatchResults) error) error {
 	var piggy []*chain
 	for c, p := range st.piggyback {
@@ -503,18 +503,31 @@ func (su *pgSubscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	b := &pgx.Batch{}
 	var lost []string
 	var read func(pgx.BatchResults) error
-	if len(byID) > 0 {
-		b.Queue(su.s.sql(sqlAck), su.info.id, kids, su.info.topicID, keys, ktokens, dids, dtokens)
+	queued := 0
+	if len(kids) > 0 {
+		b.Queue(su.s.sql(sqlAckKeyed), su.info.id, kids, su.info.topicID, keys, ktokens)
+		queued++
+	}
+	if len(dids) > 0 {
+		b.Queue(su.s.sql(sqlAck), su.info.id, dids, su.info.topicID, dtokens)
+		queued++
+	}
+	if queued > 0 {
 		read = func(br pgx.BatchResults) error {
-			rows, err := br.Query()
-			if err != nil {
-				return err
+			for range queued {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				ls, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					return err
+				}
+				for _, id := range ls {
+					lost = append(lost, byID[id])
+				}
 			}
-			ls, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			for _, id := range ls {
-				lost = append(lost, byID[id])
-			}
-			return err
+			return nil
 		}
 	}
 	if err := su.run(ctx, "ack", b, st, read); err != nil {
