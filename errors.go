@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -75,6 +76,68 @@ func (e *LimitError) Error() string {
 
 // Is reports whether target is ErrInvalidMessage.
 func (e *LimitError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// ParamError reports a URL query parameter an opener cannot use: one the
+// scheme does not know (a misspelling, most often), or a value it cannot
+// take. It matches ErrBadURL; publish.Open and subscribe.Open return it
+// wrapped in an error that carries the redacted URL, so errors.As finds
+// it:
+//
+//	var pe *keyorder.ParamError
+//	if errors.As(err, &pe) && pe.Suggestion != "" { ... }
+type ParamError struct {
+	// Param is the parameter as the URL names it ("subscripton").
+	Param string
+	// Reason says what is wrong with it ("unknown parameter", "want a
+	// duration of at least 1s").
+	Reason string
+	// Suggestion is, for a parameter the scheme does not know, the
+	// parameter it declares that is closest to Param ("subscription"); ""
+	// when none is close or Param is known.
+	Suggestion string
+}
+
+// Error implements error; it never holds the parameter's value.
+func (e *ParamError) Error() string {
+	s := fmt.Sprintf("%v: parameter %q: %s", ErrBadURL, e.Param, e.Reason)
+	if e.Suggestion != "" {
+		s += fmt.Sprintf(" (did you mean %q?)", e.Suggestion)
+	}
+	return s
+}
+
+// Is reports whether target is ErrBadURL.
+func (e *ParamError) Is(target error) bool { return target == ErrBadURL }
+
+// NotDeadLetterError is returned by Redrive when some of the IDs it was
+// given are not dead letters of the subscription: never dead-lettered,
+// already redriven, or unknown. The others were redriven (the count
+// Redrive returns). It matches ErrNotFound.
+type NotDeadLetterError struct {
+	// IDs are the message IDs that are not dead letters, each once, in
+	// the order given.
+	IDs []string
+}
+
+// Error implements error.
+func (e *NotDeadLetterError) Error() string {
+	if len(e.IDs) == 1 {
+		return fmt.Sprintf("keyorder: %q is not a dead letter of the subscription", e.IDs[0])
+	}
+	const show = 5
+	q := make([]string, 0, show)
+	for _, id := range e.IDs[:min(len(e.IDs), show)] {
+		q = append(q, fmt.Sprintf("%q", id))
+	}
+	more := ""
+	if len(e.IDs) > show {
+		more = fmt.Sprintf(" and %d more", len(e.IDs)-show)
+	}
+	return fmt.Sprintf("keyorder: %d IDs are not dead letters of the subscription: %s%s", len(e.IDs), strings.Join(q, ", "), more)
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotDeadLetterError) Is(target error) bool { return target == ErrNotFound }
 
 // KeyPausedError is returned by a publish of a paused key. It matches
 // ErrKeyPaused and unwraps to the error that paused the key.

@@ -7,8 +7,11 @@ import (
 )
 
 // HeaderPartitionKey is the header that carries a message's ordering key.
-// On publish it is the second source of the key (after Message.Key); on
-// delivery it always holds the key of a keyed message.
+// On publish it is the second source of the key (after Message.Key). A
+// Delivery carries its key in Message.Key only: its Headers are the
+// message's own (nil when it has none), so a message without headers is
+// delivered without allocating a map. (The Watermill mount still sets the
+// key in this metadata entry.)
 const HeaderPartitionKey = "partition-key"
 
 // Message is what an application publishes.
@@ -45,7 +48,8 @@ type Message struct {
 // delivery, of this subscription (a retry) or of another.
 type Delivery struct {
 	// Message is the delivered message. Message.Key is the ordering key
-	// ("" for a keyless message) and is also in Headers[HeaderPartitionKey].
+	// ("" for a keyless message); Headers are the headers it was
+	// published with (nil when none), without HeaderPartitionKey.
 	Message
 	// Attempt is 1 on the first delivery and grows with each retry or lost
 	// lease. Where retries run in process (Pub/Sub), a process that dies

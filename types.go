@@ -97,7 +97,7 @@ type Capabilities struct {
 type DeadLetter struct {
 	// Message is the message as it was published. Message.Key is its
 	// ordering key ("" for a keyless message) and is also in
-	// Headers[HeaderPartitionKey], as on a Delivery.
+	// Headers[HeaderPartitionKey].
 	Message Message
 	// Reason is why the message was dead-lettered (the handler's error).
 	Reason string

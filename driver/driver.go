@@ -218,8 +218,33 @@ type DeadLetterStore interface {
 	DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
 	// Redrive puts the dead letters with these message IDs back on the
 	// subscription, after everything that arrived meanwhile, with a fresh
-	// attempt count. It returns how many were redriven.
+	// attempt count. It returns how many were redriven. IDs that are not
+	// dead letters of the subscription make it fail, after redriving the
+	// others, with a *keyorder.NotDeadLetterError naming them
+	// (NotDeadLetters builds it).
 	Redrive(ctx context.Context, ids []string) (int, error)
+}
+
+// NotDeadLetters returns the error of a Redrive given ids that redrove the
+// dead letters with the IDs in redriven: nil when every ID of ids is
+// among them, else a *keyorder.NotDeadLetterError naming the others, each
+// once, in the order of ids.
+func NotDeadLetters(ids, redriven []string) error {
+	seen := make(map[string]bool, len(redriven))
+	for _, id := range redriven {
+		seen[id] = true
+	}
+	var missing []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true // once
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return &keyorder.NotDeadLetterError{IDs: missing}
 }
 
 // Portable returns m as an application sees it: a keyorder.Message whose

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/suggest"
 )
 
 // TopicURLOpener opens a Topic driver from a URL.
@@ -92,6 +93,17 @@ func sortedKeys[V any](mp map[string]V) []string {
 	return out
 }
 
+// unknownScheme is the error for a URL whose scheme no adapter
+// registered: it suggests a registered scheme close to it (a typo), else
+// an import the program may have forgotten.
+func unknownScheme(u *url.URL, registered []string) error {
+	hint := "(forgotten import?)"
+	if s := suggest.Closest(u.Scheme, registered); s != "" {
+		hint = fmt.Sprintf("(did you mean %q?)", s)
+	}
+	return &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q %s; registered: %v", keyorder.ErrUnknownScheme, u.Scheme, hint, registered)}
+}
+
 // OpenTopic opens the Topic driver for urlstr.
 func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	u, err := ParseURL(urlstr)
@@ -102,7 +114,7 @@ func (m *URLMux) OpenTopic(ctx context.Context, urlstr string) (Topic, error) {
 	o, ok := m.topics[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.TopicSchemes())}
+		return nil, unknownScheme(u, m.TopicSchemes())
 	}
 	WarnDeprecated(nil, u)
 	t, err := o.OpenTopicURL(ctx, u)
@@ -122,7 +134,7 @@ func (m *URLMux) OpenSubscription(ctx context.Context, urlstr string) (Subscript
 	o, ok := m.subs[u.Scheme]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, &URLError{URL: Redact(u), Err: fmt.Errorf("%w %q (forgotten import?); registered: %v", keyorder.ErrUnknownScheme, u.Scheme, m.SubscriptionSchemes())}
+		return nil, unknownScheme(u, m.SubscriptionSchemes())
 	}
 	WarnDeprecated(nil, u)
 	sub, err := o.OpenSubscriptionURL(ctx, u)

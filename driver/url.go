@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/suggest"
 )
 
 // Every URL opener goes through the helpers of this file, so that all
@@ -398,10 +399,32 @@ func WarnDeprecated(l *slog.Logger, u *url.URL) {
 }
 
 // BadParam returns the error an opener gives for an invalid or unknown query
-// parameter; it matches keyorder.ErrBadURL. The URL in the error is
-// redacted; why must not quote a sensitive parameter's value.
+// parameter; it matches keyorder.ErrBadURL and unwraps to a
+// *keyorder.ParamError naming the parameter. When why starts with "unknown
+// parameter" and the scheme declares a parameter close to param
+// (RegisterParams), the error suggests it: `parameter "subscripton":
+// unknown parameter (did you mean "subscription"?)`. The URL in the error
+// is redacted; why must not quote a sensitive parameter's value.
 func BadParam(u *url.URL, param, why string) error {
-	return &URLError{URL: Redact(u), Err: fmt.Errorf("%w: parameter %q: %s", keyorder.ErrBadURL, param, why)}
+	pe := &keyorder.ParamError{Param: param, Reason: why}
+	if strings.HasPrefix(why, "unknown parameter") {
+		pe.Suggestion = suggestParam(u.Scheme, param)
+	}
+	return &URLError{URL: Redact(u), Err: pe}
+}
+
+// suggestParam returns the parameter scheme declares (RegisterParams) that
+// param was probably meant to be, "" when param is declared (under its
+// current or a deprecated spelling) or nothing is close.
+func suggestParam(scheme, param string) string {
+	p := paramsOf(scheme)
+	if p == nil {
+		return ""
+	}
+	if cur, _ := p.canonical(param); slices.Contains(p.Names, cur) {
+		return ""
+	}
+	return suggest.Closest(param, p.Names)
 }
 
 // BadURL returns the error an opener gives for a URL it cannot use for a

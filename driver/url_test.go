@@ -2,7 +2,9 @@ package driver
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"slices"
@@ -162,6 +164,60 @@ func TestParseURLNeverEchoesDSN(t *testing.T) {
 		}
 		if strings.HasPrefix(strings.TrimSpace(raw), "host=") && !strings.Contains(err.Error(), "is not a URL") {
 			t.Errorf("ParseURL(%q) = %v, want it to say a DSN is not a URL", raw, err)
+		}
+	}
+}
+
+// An unknown parameter's error is a *keyorder.ParamError (matching
+// ErrBadURL) naming it and, when the scheme declares a parameter close to
+// it, suggesting that one; a known parameter with a bad value, or a name
+// close to nothing, suggests nothing.
+func TestBadParamSuggests(t *testing.T) {
+	RegisterParams("suggesttest", Params{Names: []string{"subscription", "ordering", "max_batch", "oldest_first"}, Deprecated: map[string]string{"maxBatch": "max_batch"}})
+	u, _ := url.Parse("suggesttest://t?subscripton=s&token=t0psecret")
+	for _, tc := range []struct {
+		param, why, want string
+	}{
+		{"subscripton", "unknown parameter", "subscription"},
+		{"oldestFirst", "unknown parameter", "oldest_first"},
+		{"ordering", "unknown parameter (a topic URL takes none)", ""}, // declared: no suggestion
+		{"maxBatch", "unknown parameter", ""},                          // a deprecated spelling is declared
+		{"token", "unknown parameter", ""},                             // nothing close
+		{"subscripton", "want letters", ""},                            // not an unknown parameter
+	} {
+		err := BadParam(u, tc.param, tc.why)
+		var pe *keyorder.ParamError
+		if !errors.Is(err, keyorder.ErrBadURL) || !errors.As(err, &pe) || pe.Param != tc.param || pe.Reason != tc.why || pe.Suggestion != tc.want {
+			t.Errorf("BadParam(%q, %q) = %v (%+v), want a ParamError suggesting %q", tc.param, tc.why, err, pe, tc.want)
+			continue
+		}
+		hint := fmt.Sprintf("(did you mean %q?)", tc.want)
+		if strings.Contains(err.Error(), "t0psecret") || (tc.want != "") != strings.Contains(err.Error(), hint) {
+			t.Errorf("BadParam(%q, %q): %q", tc.param, tc.why, err)
+		}
+	}
+	// An unregistered scheme: no suggestion, still a ParamError.
+	v, _ := url.Parse("nosuchscheme://t")
+	var pe *keyorder.ParamError
+	if err := BadParam(v, "subscripton", "unknown parameter"); !errors.As(err, &pe) || pe.Suggestion != "" {
+		t.Errorf("unregistered scheme: %v", err)
+	}
+}
+
+// An unknown scheme close to a registered one is suggested; otherwise the
+// error asks whether an import was forgotten.
+func TestUnknownSchemeSuggests(t *testing.T) {
+	m := &URLMux{}
+	m.RegisterTopic("kafka", &opener{})
+	m.RegisterTopic("postgres", &opener{})
+	for raw, want := range map[string]string{
+		"kafak://h/t":      `unknown URL scheme "kafak" (did you mean "kafka"?)`,
+		"postgresql2://h/": `unknown URL scheme "postgresql2" (did you mean "postgres"?)`,
+		"nats://h/s":       `unknown URL scheme "nats" (forgotten import?)`,
+	} {
+		_, err := m.OpenTopic(context.Background(), raw)
+		if !errors.Is(err, keyorder.ErrUnknownScheme) || !strings.Contains(err.Error(), want) {
+			t.Errorf("OpenTopic(%q) = %v, want %q", raw, err, want)
 		}
 	}
 }

@@ -15,6 +15,14 @@
 #    requires keyorder and adapters/postgres at VERSION: it imports publish,
 #    subscribe, adapters/memory and adapters/postgres, and publishes and
 #    consumes a few keyed messages on the memory backend in order.
+# 4. For every other released module (each adapter, the Watermill mount,
+#    otelkeyorder) it builds and runs a user program in a module of its own
+#    that requires only that module at VERSION: each module's go.mod must
+#    build on its own, not only beside the others. An adapter's program
+#    checks that its scheme is registered.
+# releasecheck also fails when the repository holds a module's tag for
+# VERSION and the module has changed since that tag (a released version
+# never changes; see integration/releasecheck).
 #
 # The check uses a module cache of its own (under
 # ${XDG_CACHE_HOME:-~/.cache}/keyorder/release-modcache), from which it
@@ -36,6 +44,7 @@ export GOTOOLCHAIN=${KEYORDER_GOTOOLCHAIN:-auto}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 version=$(go run ./integration/releasecheck -out "$work/proxy")
+modules=$(go run ./integration/releasecheck -modules)
 
 shared=$(go env GOMODCACHE)
 upstream=$(go env GOPROXY)
@@ -156,4 +165,45 @@ func fail(err error) {
 }
 EOF
 (cd "$work/user" && go build -o "$work/bin/keyorderuser" . && "$work/bin/keyorderuser")
+
+# A user program per released module, each in a module of its own.
+while read -r path dir; do
+	case "$dir" in
+	. | cmd/keyorder) continue ;; # the program above, go install above
+	esac
+	name=${dir//\//-}
+	echo "release: building a user program that requires only $path $version" >&2
+	mkdir "$work/user-$name"
+	cat >"$work/user-$name/go.mod" <<EOF
+module example.com/keyorderuser/$name
+
+go 1.26.0
+
+require $path $version
+EOF
+	cat >"$work/user-$name/main.go" <<EOF
+// Command $name is a user program of $path alone.
+package main
+
+import (
+	"fmt"
+
+	_ "$path"
+	"github.com/keyorder/keyorder/driver"
+)
+
+func main() { fmt.Println(driver.DefaultMux().SubscriptionSchemes()) }
+EOF
+	(cd "$work/user-$name" && go build -o "$work/bin/user-$name" .)
+	schemes=$("$work/bin/user-$name")
+	case "$dir" in
+	adapters/watermill) ;;
+	adapters/*)
+		if [[ " ${schemes//[\[\]]/ } " != *" ${dir#adapters/} "* ]]; then
+			echo "release: a program importing $path registers the schemes $schemes, not ${dir#adapters/}" >&2
+			exit 1
+		fi
+		;;
+	esac
+done <<<"$modules"
 echo "release: $version installs and builds from a module proxy, without go.work or replace directives" >&2

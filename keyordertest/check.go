@@ -189,7 +189,52 @@ type msgState struct {
 // are not held against the overlap and order rules: the library cancels a
 // handler whose lease is lost, and a handler that keeps running after that
 // may overlap the redelivery.
+//
+// Each rule is a method of verifier: per message (RuleUnknown,
+// RuleDuplicate), overlap (RuleOverlap, under Exclusive and Ordered),
+// first order and head of line (RuleFirstOrder, RuleHeadOfLine, under
+// Ordered), and resolution (RuleResolved, unless Spec.Unfinished).
 func Verify(h History, spec Spec) (*Report, error) {
+	c := newVerifier(h, spec)
+	c.perMessage()
+	ordered := spec.Ordering == policy.Ordered
+	if ordered || spec.Ordering == policy.Exclusive {
+		c.overlap()
+	}
+	if ordered {
+		keyHs := map[string][]*Handling{}
+		for i := range c.hs {
+			keyHs[c.hs[i].Key] = append(keyHs[c.hs[i].Key], &c.hs[i])
+		}
+		for _, key := range slices.Sorted(maps.Keys(c.byKey)) {
+			if key == "" {
+				continue
+			}
+			c.firstOrder(key)
+			c.headOfLine(key, keyHs[key])
+		}
+	}
+	if !spec.Unfinished {
+		c.resolved()
+	}
+	rep := c.rep
+	slices.SortStableFunc(rep.Violations, func(a, b Violation) int { return cmp.Compare(a.Seq, b.Seq) })
+	return rep, rep.Err()
+}
+
+// verifier is one run of Verify: the history sorted by start, what is known
+// of each message, and the report the rules add their violations to.
+type verifier struct {
+	h      History
+	spec   Spec
+	rep    *Report
+	hs     []Handling // by StartSeq
+	maxSeq uint64
+	msgs   map[string]*msgState
+	byKey  map[string][]*msgState // in publish order
+}
+
+func newVerifier(h History, spec Spec) *verifier {
 	rep := &Report{
 		Ordering:   spec.Ordering,
 		Messages:   len(h.Published),
@@ -204,44 +249,52 @@ func Verify(h History, spec Spec) (*Report, error) {
 	if len(hs) > 0 {
 		rep.t0 = hs[0].Start
 	}
-	var maxSeq uint64
+	c := &verifier{h: h, spec: spec, rep: rep, hs: hs, msgs: map[string]*msgState{}, byKey: map[string][]*msgState{}}
 	for _, x := range hs {
-		maxSeq = max(maxSeq, x.StartSeq, x.EndSeq)
+		c.maxSeq = max(c.maxSeq, x.StartSeq, x.EndSeq)
 	}
 	dead := map[string]bool{}
 	for _, id := range spec.DeadLettered {
 		dead[id] = true
 	}
-	msgs := map[string]*msgState{}
-	byKey := map[string][]*msgState{}
 	for _, p := range h.Published {
-		if _, dup := msgs[p.ID]; dup {
+		if _, dup := c.msgs[p.ID]; dup {
 			continue
 		}
-		st := &msgState{p: p, index: len(byKey[p.Key]), dead: dead[p.ID]}
-		msgs[p.ID] = st
-		byKey[p.Key] = append(byKey[p.Key], st)
+		st := &msgState{p: p, index: len(c.byKey[p.Key]), dead: dead[p.ID]}
+		c.msgs[p.ID] = st
+		c.byKey[p.Key] = append(c.byKey[p.Key], st)
 	}
-	checkUnknown := len(h.Published) > 0
-	v := func(rule Rule, key string, seq uint64, ids []string, format string, args ...any) {
-		rep.Violations = append(rep.Violations, Violation{Rule: rule, Key: key, IDs: ids, Seq: seq, Explanation: fmt.Sprintf(format, args...)})
-	}
-	name := func(x *Handling) string { return fmt.Sprintf("%s (ID %s)", x.Label, x.ID) }
-	pname := func(p Published) string { return fmt.Sprintf("%s (ID %s)", p.Label, p.ID) }
+	return c
+}
 
-	// Per message: first handling, first resolution, duplicates, unknowns.
-	for i := range hs {
-		x := &hs[i]
+// violation adds a violation of rule to the report.
+func (c *verifier) violation(rule Rule, key string, seq uint64, ids []string, format string, args ...any) {
+	c.rep.Violations = append(c.rep.Violations, Violation{Rule: rule, Key: key, IDs: ids, Seq: seq, Explanation: fmt.Sprintf(format, args...)})
+}
+
+func name(x *Handling) string  { return fmt.Sprintf("%s (ID %s)", x.Label, x.ID) }
+func pname(p Published) string { return fmt.Sprintf("%s (ID %s)", p.Label, p.ID) }
+
+// perMessage finds each message's first handling and first resolution,
+// counts outcomes and duplicates, and checks RuleUnknown (a handled
+// message that was never published, when anything was) and RuleDuplicate
+// (a handling after the resolution, when Spec.ForbidDuplicates).
+func (c *verifier) perMessage() {
+	rep := c.rep
+	checkUnknown := len(c.h.Published) > 0
+	for i := range c.hs {
+		x := &c.hs[i]
 		rep.Outcomes[x.Outcome]++
-		st := msgs[x.ID]
+		st := c.msgs[x.ID]
 		if st == nil {
 			if checkUnknown {
-				v(RuleUnknown, x.Key, x.StartSeq, []string{x.ID},
+				c.violation(RuleUnknown, x.Key, x.StartSeq, []string{x.ID},
 					"key %q: message %s was handled %s (attempt %d) but was never published in this run",
 					x.Key, name(x), rep.at(x.Start), x.Attempt)
 			}
 			st = &msgState{p: Published{Key: x.Key, ID: x.ID, Label: x.Label}, index: -1}
-			msgs[x.ID] = st
+			c.msgs[x.ID] = st
 		}
 		st.count++
 		if st.first == nil {
@@ -249,8 +302,8 @@ func Verify(h History, spec Spec) (*Report, error) {
 		}
 		if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
 			rep.Duplicates[x.ID]++
-			if spec.ForbidDuplicates {
-				v(RuleDuplicate, x.Key, x.StartSeq, []string{x.ID},
+			if c.spec.ForbidDuplicates {
+				c.violation(RuleDuplicate, x.Key, x.StartSeq, []string{x.ID},
 					"key %q: message %s was handled again %s (attempt %d) after it was resolved %s (%s)",
 					x.Key, name(x), rep.at(x.Start), x.Attempt, rep.at(st.resolved.End), st.resolved.Outcome)
 			}
@@ -260,145 +313,140 @@ func Verify(h History, spec Spec) (*Report, error) {
 			st.resolved = x
 		}
 	}
+}
 
-	ordered := spec.Ordering == policy.Ordered
-	exclusive := ordered || spec.Ordering == policy.Exclusive
+// overlap checks RuleOverlap: per key, no handling starts while another
+// of its key runs.
+func (c *verifier) overlap() {
+	rep := c.rep
+	running := map[string][]*Handling{}
+	for i := range c.hs {
+		x := &c.hs[i]
+		if x.Key == "" || x.Outcome == Abandoned {
+			continue
+		}
+		live := running[x.Key][:0:0]
+		for _, o := range running[x.Key] {
+			if o.EndSeq == 0 || o.EndSeq > x.StartSeq {
+				live = append(live, o)
+			}
+		}
+		if len(live) > 0 {
+			o := live[0]
+			end := "had not returned"
+			if o.EndSeq != 0 {
+				end = "returned only " + rep.at(o.End)
+			}
+			c.violation(RuleOverlap, x.Key, x.StartSeq, []string{x.ID, o.ID},
+				"key %q: message %s (attempt %d) started %s while message %s (attempt %d), started %s, was still being handled (it %s); under %v at most one message of a key is handled at a time",
+				x.Key, name(x), x.Attempt, rep.at(x.Start), name(o), o.Attempt, rep.at(o.Start), end, c.spec.Ordering)
+		}
+		running[x.Key] = append(live, x)
+	}
+}
 
-	// Overlap: per key, a handling starts while another of its key runs.
-	if exclusive {
-		running := map[string][]*Handling{}
-		for i := range hs {
-			x := &hs[i]
-			if x.Key == "" || x.Outcome == Abandoned {
-				continue
-			}
-			live := running[x.Key][:0:0]
-			for _, o := range running[x.Key] {
-				if o.EndSeq == 0 || o.EndSeq > x.StartSeq {
-					live = append(live, o)
-				}
-			}
-			if len(live) > 0 {
-				o := live[0]
-				end := "had not returned"
-				if o.EndSeq != 0 {
-					end = "returned only " + rep.at(o.End)
-				}
-				v(RuleOverlap, x.Key, x.StartSeq, []string{x.ID, o.ID},
-					"key %q: message %s (attempt %d) started %s while message %s (attempt %d), started %s, was still being handled (it %s); under %v at most one message of a key is handled at a time",
-					x.Key, name(x), x.Attempt, rep.at(x.Start), name(o), o.Attempt, rep.at(o.Start), end, spec.Ordering)
-			}
-			running[x.Key] = append(live, x)
+// firstOrder checks RuleFirstOrder for key: its messages are first handled
+// in publish order (the first violation only).
+func (c *verifier) firstOrder(key string) {
+	rep := c.rep
+	var handled []*msgState
+	for _, st := range c.byKey[key] {
+		if st.first != nil {
+			handled = append(handled, st)
 		}
 	}
-
-	if ordered {
-		keyHs := map[string][]*Handling{}
-		for i := range hs {
-			keyHs[hs[i].Key] = append(keyHs[hs[i].Key], &hs[i])
-		}
-		keys := slices.Sorted(maps.Keys(byKey))
-		for _, key := range keys {
-			list := byKey[key]
-			if key == "" {
-				continue
-			}
-			// First handlings in publish order.
-			var handled []*msgState
-			for _, st := range list {
-				if st.first != nil {
-					handled = append(handled, st)
-				}
-			}
-			slices.SortFunc(handled, func(a, b *msgState) int { return cmp.Compare(a.first.StartSeq, b.first.StartSeq) })
-			for i := 1; i < len(handled); i++ {
-				a, b := handled[i-1], handled[i]
-				if b.index < a.index {
-					v(RuleFirstOrder, key, a.first.StartSeq, []string{a.p.ID, b.p.ID},
-						"key %q: message %s was first handled %s, before message %s, which was published before it and first handled only %s",
-						key, pname(a.p), rep.at(a.first.Start), pname(b.p), rep.at(b.first.Start))
-					break
-				}
-			}
-			// Head of line: a handling of message i starts only after every
-			// earlier message of its key was resolved. block[i] is the
-			// earlier message resolved last (never: math.MaxUint64), so
-			// each handling is checked in constant time.
-			type blocker struct {
-				end uint64
-				st  *msgState
-			}
-			block := make([]blocker, len(list))
-			for i := 1; i < len(list); i++ {
-				block[i] = block[i-1]
-				e := list[i-1]
-				end := uint64(0)
-				switch {
-				case e.resolved != nil:
-					end = e.resolved.EndSeq
-				case e.dead:
-					// dead-lettered by the subscriber, time unknown
-				default:
-					end = math.MaxUint64
-				}
-				if end > block[i].end {
-					block[i] = blocker{end: end, st: e}
-				}
-			}
-			for _, x := range keyHs[key] {
-				st := msgs[x.ID]
-				if x.Outcome == Abandoned || st.index < 0 || st.p.Key != key {
-					continue
-				}
-				if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
-					continue // a duplicate
-				}
-				b := block[st.index]
-				if b.st == nil || b.end < x.StartSeq {
-					continue
-				}
-				e := b.st
-				what := "was never resolved"
-				if e.resolved != nil {
-					what = fmt.Sprintf("was resolved only %s (%s)", rep.at(e.resolved.End), e.resolved.Outcome)
-				} else if e.first == nil {
-					what = "had not been handled at all and was never resolved"
-				}
-				v(RuleHeadOfLine, key, x.StartSeq, []string{x.ID, e.p.ID},
-					"key %q: message %s (attempt %d) started %s while message %s, published before it, was unresolved: it %s; under Ordered a key's next message waits until the one before it is acknowledged or dead-lettered",
-					key, name(x), x.Attempt, rep.at(x.Start), pname(e.p), what)
-			}
+	slices.SortFunc(handled, func(a, b *msgState) int { return cmp.Compare(a.first.StartSeq, b.first.StartSeq) })
+	for i := 1; i < len(handled); i++ {
+		a, b := handled[i-1], handled[i]
+		if b.index < a.index {
+			c.violation(RuleFirstOrder, key, a.first.StartSeq, []string{a.p.ID, b.p.ID},
+				"key %q: message %s was first handled %s, before message %s, which was published before it and first handled only %s",
+				key, pname(a.p), rep.at(a.first.Start), pname(b.p), rep.at(b.first.Start))
+			return
 		}
 	}
+}
 
-	if !spec.Unfinished {
-		lastOf := map[string]*Handling{}
-		for i := range hs {
-			lastOf[hs[i].ID] = &hs[i]
+// headOfLine checks RuleHeadOfLine for key, whose handlings are keyHs: a
+// handling of message i starts only after every earlier message of its key
+// was resolved. block[i] is the earlier message resolved last (never:
+// math.MaxUint64), so each handling is checked in constant time.
+func (c *verifier) headOfLine(key string, keyHs []*Handling) {
+	rep := c.rep
+	list := c.byKey[key]
+	type blocker struct {
+		end uint64
+		st  *msgState
+	}
+	block := make([]blocker, len(list))
+	for i := 1; i < len(list); i++ {
+		block[i] = block[i-1]
+		e := list[i-1]
+		end := uint64(0)
+		switch {
+		case e.resolved != nil:
+			end = e.resolved.EndSeq
+		case e.dead:
+			// dead-lettered by the subscriber, time unknown
+		default:
+			end = math.MaxUint64
 		}
-		seen := map[string]bool{}
-		for _, p := range h.Published {
-			st := msgs[p.ID]
-			if seen[p.ID] || st.resolved != nil || st.dead {
-				continue
-			}
-			what := "it was never handled"
-			if st.first != nil {
-				last := lastOf[p.ID]
-				what = fmt.Sprintf("it was handled %d times, the last (attempt %d) started %s: %s", st.count, last.Attempt, rep.at(last.Start), last.Outcome)
-				if st.count == 1 {
-					what = fmt.Sprintf("it was handled once (attempt %d), started %s: %s", last.Attempt, rep.at(last.Start), last.Outcome)
-				}
-				if last.Err != nil {
-					what += fmt.Sprintf(" (%v)", last.Err)
-				}
-			}
-			seen[p.ID] = true
-			v(RuleResolved, p.Key, maxSeq+1, []string{p.ID},
-				"key %q: message %s was neither acknowledged nor dead-lettered: %s", p.Key, pname(p), what)
+		if end > block[i].end {
+			block[i] = blocker{end: end, st: e}
 		}
 	}
+	for _, x := range keyHs {
+		st := c.msgs[x.ID]
+		if x.Outcome == Abandoned || st.index < 0 || st.p.Key != key {
+			continue
+		}
+		if st.resolved != nil && x.StartSeq > st.resolved.EndSeq {
+			continue // a duplicate
+		}
+		b := block[st.index]
+		if b.st == nil || b.end < x.StartSeq {
+			continue
+		}
+		e := b.st
+		what := "was never resolved"
+		if e.resolved != nil {
+			what = fmt.Sprintf("was resolved only %s (%s)", rep.at(e.resolved.End), e.resolved.Outcome)
+		} else if e.first == nil {
+			what = "had not been handled at all and was never resolved"
+		}
+		c.violation(RuleHeadOfLine, key, x.StartSeq, []string{x.ID, e.p.ID},
+			"key %q: message %s (attempt %d) started %s while message %s, published before it, was unresolved: it %s; under Ordered a key's next message waits until the one before it is acknowledged or dead-lettered",
+			key, name(x), x.Attempt, rep.at(x.Start), pname(e.p), what)
+	}
+}
 
-	slices.SortStableFunc(rep.Violations, func(a, b Violation) int { return cmp.Compare(a.Seq, b.Seq) })
-	return rep, rep.Err()
+// resolved checks RuleResolved: every published message was acknowledged
+// or dead-lettered.
+func (c *verifier) resolved() {
+	rep := c.rep
+	lastOf := map[string]*Handling{}
+	for i := range c.hs {
+		lastOf[c.hs[i].ID] = &c.hs[i]
+	}
+	seen := map[string]bool{}
+	for _, p := range c.h.Published {
+		st := c.msgs[p.ID]
+		if seen[p.ID] || st.resolved != nil || st.dead {
+			continue
+		}
+		what := "it was never handled"
+		if st.first != nil {
+			last := lastOf[p.ID]
+			what = fmt.Sprintf("it was handled %d times, the last (attempt %d) started %s: %s", st.count, last.Attempt, rep.at(last.Start), last.Outcome)
+			if st.count == 1 {
+				what = fmt.Sprintf("it was handled once (attempt %d), started %s: %s", last.Attempt, rep.at(last.Start), last.Outcome)
+			}
+			if last.Err != nil {
+				what += fmt.Sprintf(" (%v)", last.Err)
+			}
+		}
+		seen[p.ID] = true
+		c.violation(RuleResolved, p.Key, c.maxSeq+1, []string{p.ID},
+			"key %q: message %s was neither acknowledged nor dead-lettered: %s", p.Key, pname(p), what)
+	}
 }

@@ -49,7 +49,7 @@ type pipeline struct {
 func newPipeline(t *testing.T, ordering policy.Ordering) *pipeline {
 	t.Helper()
 	b := memory.NewBroker()
-	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: ordering, LeaseDuration: 10 * time.Second}); err != nil {
+	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: ordering, Lease: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := publish.New(memhook.Of(b).TopicDriver("t"), &publish.Config{Logger: quiet})

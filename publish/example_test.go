@@ -48,8 +48,7 @@ func ExamplePublisher_Publish() {
 
 	var handled atomic.Int32
 	err = sub.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
-		fmt.Printf("%s: key %s, partition-key %s, origin %q\n",
-			d.Payload, d.Key, d.Headers[keyorder.HeaderPartitionKey], d.Headers["origin"])
+		fmt.Printf("%s: key %s, headers %v\n", d.Payload, d.Key, d.Headers)
 		if handled.Add(1) == int32(len(msgs)) {
 			stop()
 		}
@@ -59,9 +58,9 @@ func ExamplePublisher_Publish() {
 		panic(err)
 	}
 	// Output:
-	// 101 (Key): key acct-42, partition-key acct-42, origin ""
-	// 102 (header): key acct-42, partition-key acct-42, origin "ops"
-	// 103 (Config.Key): key acct-42, partition-key acct-42, origin ""
+	// 101 (Key): key acct-42, headers map[]
+	// 102 (header): key acct-42, headers map[origin:ops]
+	// 103 (Config.Key): key acct-42, headers map[]
 }
 
 // A keyed publish that fails pauses its key: later publishes of that key

@@ -325,10 +325,12 @@ func (s *Subscriber) handleBatch(ctx context.Context, h BatchHandlerFunc, c *bat
 	if !ok {
 		return r
 	}
+	defer s.revokeSettled(run)
 	ends, err := s.callBatch(hctx, h, run)
 	cut := s.endAttempt(ctx, hctx, run)
 	if s.abandoned.Load() {
 		// Run returned without waiting for it (Close's deadline).
+		s.abandonedReturned(run)
 		c.its = nil
 		return lanes.Done()
 	}
@@ -353,7 +355,9 @@ func (s *Subscriber) retryAside(it *item, at time.Time) {
 	go func() {
 		defer s.settling.Done()
 		if err := s.batcher.pool.Submit(context.Background(), lanes.Item{Key: c.key, Keyed: c.key != "", NotBefore: at, Fairness: c.fair}, c); err != nil {
-			s.giveBack([]*item{it})
+			// The lanes are closed (Run stops): it goes back with the
+			// attempt it used here (giveBackAtStop).
+			s.giveBackAtStop([]*item{it})
 		}
 	}()
 }

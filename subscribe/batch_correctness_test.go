@@ -334,7 +334,7 @@ func TestBatchOtherMembersLostLeaseCountsNothing(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, LeaseDuration: 9 * time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, Lease: 9 * time.Second})
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)

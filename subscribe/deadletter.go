@@ -33,7 +33,10 @@ func (s *Subscriber) DeadLetters(ctx context.Context, limit int) ([]keyorder.Dea
 // subscription, after everything that arrived meanwhile, with a fresh
 // attempt count, and returns how many it redrove. It fails with
 // keyorder.ErrUnsupported where the backend keeps no dead letters it can
-// redrive.
+// redrive. IDs that are not dead letters of the subscription (never
+// dead-lettered, redriven already, unknown) do not stop it: it redrives
+// the others and then fails with a *keyorder.NotDeadLetterError naming
+// them (it matches keyorder.ErrNotFound).
 func (s *Subscriber) Redrive(ctx context.Context, ids []string) (int, error) {
 	st, ok := s.drv.(driver.DeadLetterStore)
 	if !ok {

@@ -15,3 +15,24 @@ func PeakOutstanding(s *Subscriber) int {
 	defer s.mu.Unlock()
 	return s.peak
 }
+
+// parkedKeys returns the number of keys with an item parked in process
+// (not the keys a backend holds: see Subscriber.HeldKeys).
+func (s *Subscriber) parkedKeys() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, h := range s.holds {
+		if h.parked > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// taken returns the number of tokens taken.
+func (t *tokens) taken() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.size - t.free
+}

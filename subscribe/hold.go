@@ -117,19 +117,6 @@ func (s *Subscriber) dropHoldIfIdle(key string, h *keyHold) {
 	}
 }
 
-// heldKeys returns the number of keys with an item parked in process.
-func (s *Subscriber) heldKeys() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, h := range s.holds {
-		if h.parked > 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // untoken takes an outstanding item's flow-control token, if it has one,
 // and counts the item held (Subscriber.held) instead; it returns how many
 // tokens to release (0 or 1). Called with s.mu held.

@@ -145,7 +145,7 @@ func (s *leaseSkipper) ExtendLeases(ctx context.Context, ms []*driver.Message) (
 // the rest of the chain must go back unhandled, not run before it.
 func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Chain: 2, Lease: 9 * time.Second})
 		w.publish(t, "a1", "A")
 		w.publish(t, "a2", "A")
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
@@ -176,7 +176,7 @@ func TestChainHeadLostLeaseReturnsRestOfChain(t *testing.T) {
 // redelivery is of an acknowledged message and must not run again.
 func TestRedeliveryBehindRunningOriginalIsSuppressed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var calls atomic.Int32
@@ -214,7 +214,7 @@ func (s slowExtend) ExtendLeases(ctx context.Context, ms []*driver.Message) ([]*
 // broker by the time the renewal reaches it; that is not a lost lease.
 func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 3 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		s, stop := w.start(t, slowExtend{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(1500 * time.Millisecond) // finishes while the first renewal is under way
@@ -238,7 +238,7 @@ func TestSettledDuringExtensionIsNotLost(t *testing.T) {
 // head runs before the rest.
 func TestLeaseLostWhileParkedInProcess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 9 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var log startLog
@@ -374,7 +374,7 @@ func (v *visibilityDriver) Nack(ctx context.Context, m *driver.Message, d time.D
 // the nack.
 func TestNoLeaseRenewalAfterNack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 3 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &visibilityDriver{Subscription: raw, nacked: map[string]bool{}}
 		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
@@ -412,7 +412,7 @@ func (s slowAckReturn) Ack(ctx context.Context, ms []*driver.Message) error {
 // acknowledged message as a lost lease.
 func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 3 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 3 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		s, stop := w.start(t, slowAckReturn{raw}, nil, func(ctx context.Context, d *keyorder.Delivery) error {
 			time.Sleep(500 * time.Millisecond)
@@ -439,7 +439,7 @@ func TestAckedDuringExtensionIsNotLost(t *testing.T) {
 // by TestPropertyPromiseUnderRandomScenarios.
 func TestRedeliveryOfDeadLetteredCopyDoesNotRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Exclusive, Hold: memory.InProcess, Lease: 9 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var log startLog

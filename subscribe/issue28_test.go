@@ -86,7 +86,7 @@ func TestBatchPermanentWithOtherMembersLostLease(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.InProcess, memory.Native} {
 		t.Run(holdName(hold), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, LeaseDuration: 9 * time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 2, Lease: 9 * time.Second})
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)
@@ -332,7 +332,7 @@ func TestLostLeaseAloneHoldsLaterMessagesOfItsKey(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 9 * time.Second})
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 				if err != nil {
 					t.Fatal(err)
@@ -421,7 +421,7 @@ func TestAttemptsUsedUpByLostLeases(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 				w.publish(t, "m1", "k")
 				crashHolding(t, w, 2)
 				var attempts []int
@@ -480,7 +480,7 @@ func TestUnrunLimitFollowsStartRecords(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+				w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 				w.publish(t, "m1", "k")
 				crashHolding(t, w, 2)
 				raw, err := memhook.Of(w.b).SubscriptionDriver("s")
@@ -520,7 +520,7 @@ func TestUnrunLimitFollowsStartRecords(t *testing.T) {
 // (with a cancelled context): its redelivery runs instead.
 func TestLostWhileStartRecordedDoesNotRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 9 * time.Second})
 		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
@@ -743,13 +743,13 @@ func (r *revocable) DeadLetter(ctx context.Context, m *driver.Message, reason st
 // TestRevokeTakesBackWaitingItems: when a driver.Revocable driver revokes
 // messages, those waiting in the process (a parked retry, the message
 // behind it on its held key, a throttled message) never start after the
-// revocation returned, and the one running has ended by then (its context
-// cancelled); none of them is settled by this process. Before the fix
-// SetRevoke was never called, and the waiting ones ran when their turn
-// came.
+// revocation returned, and the one running past the revocation's context
+// has its context cancelled then and is returned as still running; none
+// of them is settled by this process. Before the fix SetRevoke was never
+// called, and the waiting ones ran when their turn came.
 func TestRevokeTakesBackWaitingItems(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: time.Hour})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: time.Hour})
 		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
 		if err != nil {
 			t.Fatal(err)
@@ -799,17 +799,20 @@ func TestRevokeTakesBackWaitingItems(t *testing.T) {
 		drv.mu.Lock()
 		drv.revoked = sel
 		drv.mu.Unlock()
-		still := revoke(context.Background(), sel)
+		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		still := revoke(rctx, sel)
+		cancel()
 		mu.Lock()
 		revoked = true
 		mu.Unlock()
-		if len(still) != 0 {
-			t.Fatalf("revoke returned %d messages still running; want none", len(still))
+		if len(still) != 1 || still[0].ID != "b1" {
+			t.Fatalf("revoke returned %v still running; want b1, whose handler ran until cancelled", still)
 		}
+		synctest.Wait()
 		select {
 		case <-bEnded:
 		default:
-			t.Fatal("revoke returned while b1's handler still ran")
+			t.Fatal("b1's context was not cancelled when the revocation's context ended")
 		}
 		time.Sleep(2 * time.Hour) // past a1's retry, c2's throttle
 		synctest.Wait()
@@ -825,4 +828,93 @@ func TestRevokeTakesBackWaitingItems(t *testing.T) {
 		}
 		_ = s
 	})
+}
+
+// TestRevokeWaitsForRunningHandlers: a revocation lets a handler running a
+// revoked message finish within the revocation's context, and settles its
+// result before revoke returns: a success is acknowledged (a rebalance
+// does not charge an attempt for work that finishes in time, nor run it
+// again), a failure is left to the partition's next owner (never retried
+// here, never settled). Before the change revoke cancelled b1 and a1 at
+// once and discarded their results: b1's context was cancelled and nothing
+// was acknowledged.
+func TestRevokeWaitsForRunningHandlers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: time.Hour})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := &revocable{Subscription: raw}
+		publishAll(t, w, "A", "a1", "a2") // a1 fails after 5 s; a2 waits behind it
+		publishAll(t, w, "B", "b1", "b2") // b1 succeeds after 5 s; b2 waits behind it
+		var starts startLog
+		var mu sync.Mutex
+		cancelled := map[string]bool{}
+		s, stop := w.start(t, drv, &subscribe.Config{Workers: 4}, func(ctx context.Context, d *keyorder.Delivery) error {
+			starts.add(d.ID)
+			select {
+			case <-ctx.Done():
+				mu.Lock()
+				cancelled[d.ID] = true
+				mu.Unlock()
+				return ctx.Err()
+			case <-time.After(5 * time.Second):
+			}
+			if d.ID == "a1" {
+				return errors.New("fails")
+			}
+			return nil
+		})
+		defer stop()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		drv.mu.Lock()
+		revoke := drv.revoke
+		drv.mu.Unlock()
+		if got := starts.get(); !slices.Equal(sortedCopy(got), []string{"a1", "b1"}) {
+			t.Fatalf("started %v before the revocation; want a1 and b1", got)
+		}
+		sel := func(m *driver.Message) bool { return m.Key == "A" || m.Key == "B" }
+		drv.mu.Lock()
+		drv.revoked = sel
+		drv.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		began := time.Now()
+		still := revoke(rctx, sel)
+		cancel()
+		if len(still) != 0 {
+			t.Fatalf("revoke returned %v still running; want none (both handlers end 4 s after it began)", still)
+		}
+		if took := time.Since(began); took != 4*time.Second {
+			t.Fatalf("revoke returned after %v; want 4s, when the handlers ended", took)
+		}
+		mu.Lock()
+		if len(cancelled) != 0 {
+			t.Errorf("handlers %v cancelled by a revocation whose context had time left", cancelled)
+		}
+		mu.Unlock()
+		drv.mu.Lock()
+		if !slices.Equal(drv.settled, []string{"ack b1"}) {
+			t.Errorf("settled %v by the time revoke returned; want [ack b1] (a1 failed: left to the next owner)", drv.settled)
+		}
+		drv.mu.Unlock()
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		if got := starts.get(); len(got) != 2 {
+			t.Errorf("started %v; want a1 and b1 once each, nothing after the revocation", got)
+		}
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		if !slices.Equal(drv.settled, []string{"ack b1"}) {
+			t.Errorf("settled %v in all; want [ack b1]", drv.settled)
+		}
+		_ = s
+	})
+}
+
+func sortedCopy(s []string) []string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c
 }

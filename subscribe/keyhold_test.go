@@ -55,7 +55,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 	if got := s.tokens.taken(); got != 51 {
 		t.Errorf("%d tokens held after parking A, want 51 (B's 50 and s1)", got)
 	}
-	if got := s.heldKeys(); got != 1 {
+	if got := s.parkedKeys(); got != 1 {
 		t.Errorf("heldKeys = %d, want 1", got)
 	}
 
@@ -79,7 +79,7 @@ func TestKeyHoldIsTheOneOwner(t *testing.T) {
 		s.forget(b)
 	}
 	s.forget(free)
-	if len(s.holds) != 0 || s.outstanding.n != 0 || s.tokens.taken() != 0 || s.heldKeys() != 0 {
+	if len(s.holds) != 0 || s.outstanding.n != 0 || s.tokens.taken() != 0 || s.parkedKeys() != 0 {
 		t.Errorf("left: %d holds, %d outstanding, %d tokens", len(s.holds), s.outstanding.n, s.tokens.taken())
 	}
 }

@@ -43,6 +43,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -68,14 +69,14 @@ type modelClass struct {
 var modelClasses = []modelClass{
 	{name: "base", on: true},
 	{name: "loseOne", why: "issue 28 item 1: a lost lease of one delivery lets the key's later delivery run before the redelivered one (before bc42557: seeds 93, 254, 298, 391, 432 of 1,000; after it and 52f4ddd still 340, 622, 764, 812 of 3,000, lost leases reported per delivery or in a settlement's answer: in seed 622 m012 and m015 were lost apart and redelivered m012, m011, m015 while m013, m014 stayed leased; the subscriber released m012 to m014 and ran m015 first)"},
-	{name: "returner", on: true, why: "issue 28 item 2: a graceful stop forgot the attempts of a message waiting for an in-process retry; at 93a69c4 (before 3833fdb) seeds 12, 136, 145, 214, 257, 377 failed by default (run 2 at attempt 1; a message failing every run dead-lettered after 5 and 6 whole runs, bound 3). Left after it, not seen by default in 30,000 seeds: under HoldChains a message whose in-process retry a graceful stop cut short is released, not returned, and its earlier attempts are forgotten (seeds 254, 379 with KEYORDER_MODEL_CLASSES=unrunDead at b121ceb: m009 ran attempts 1, 2, 3, then attempt 1 on the next instance)"},
+	{name: "returner", on: true, why: "issue 28 item 2: a graceful stop forgot the attempts of a message waiting for an in-process retry; at 93a69c4 (before 3833fdb) seeds 12, 136, 145, 214, 257, 377 failed by default (run 2 at attempt 1; a message failing every run dead-lettered after 5 and 6 whole runs, bound 3). Left after it, not seen by default in 30,000 seeds: under HoldChains a message whose in-process retry a graceful stop cut short is released, not returned, and its earlier attempts are forgotten (seeds 254, 379 with KEYORDER_MODEL_CLASSES=unrunDead at b121ceb: m009 ran attempts 1, 2, 3, then attempt 1 on the next instance); fixed: such a message, and one waiting for its retry aside under Exclusive with RunBatch, goes back through Return with its attempts (seeds 11438 and 7092 by default failed now and then in 20,000; 4819 with KEYORDER_MODEL_CLASSES=startCount every time, kept in modelRegressions)"},
 	{name: "scribble", on: true, why: "issue 28 item 5: under HoldChains a retry in process shared the payload the handler wrote into; before 14600b7 seeds 27, 91, 162, 179, 211 failed with KEYORDER_MODEL_CLASSES=scribble, and seeds 44, 66 by default"},
 	{name: "batchPermanent", on: true, why: "issue 28 item 4: RunBatch ran a Permanent failure again when a batch mate's lease was lost during the run; before 14600b7 seeds 49, 287, 1312, 1893, 2610 failed with KEYORDER_MODEL_CLASSES=-closeCtx,-scribble (ran again on the same instance)"},
-	{name: "revoke", why: "issue 28 item 7a: a revoked key's message waiting in the process started after the revocation returned; before b323be6 seeds 1014, 1220, 2196 of 3,000 (seed 40 before bc42557) failed with KEYORDER_MODEL_CLASSES=revoke, at 93a69c4 seeds 119, 161, 914 with revoke,-returner (two instances running a key at once); after it about 1 in 15,000 seeds still breaks key order without native hold (seeds 1310 with KEYORDER_MODEL_CLASSES=revoke, 4577 with revoke,-returner: a message released and redelivered alone runs before the earlier ones its process still holds)"},
-	{name: "crashCount", why: "issue 28 item 3: a message that kills its process is dead-lettered within MaxAttempts+1 runs (seeds 9, 12, 65, 146, 151: 5 to 8 runs under in-process hold, bound 4; after 52f4ddd still 22, 27, 40, 44: 8 runs)"},
+	{name: "revoke", why: "still off: after a revocation waits for running handlers (c65c471), 20,000 seeds with KEYORDER_MODEL_CLASSES=revoke failed at 16560 only, with revoke,-returner at 9989 only, but with the other classes on by default too at 1271, 4324, 6511, 9962, 13084 of 20,000 (all without native hold: a later message of a key started on the instance the key moved to before an earlier one was resolved; not traced; with the default classes alone seeds 74, 2382, 2563, 7862 break the same way now and then); before: issue 28 item 7a: a revoked key's message waiting in the process started after the revocation returned; before b323be6 seeds 1014, 1220, 2196 of 3,000 (seed 40 before bc42557) failed with KEYORDER_MODEL_CLASSES=revoke, at 93a69c4 seeds 119, 161, 914 with revoke,-returner (two instances running a key at once); after it about 1 in 15,000 seeds still breaks key order without native hold (seeds 1310 with KEYORDER_MODEL_CLASSES=revoke, 4577 with revoke,-returner: a message released and redelivered alone runs before the earlier ones its process still holds)"},
+	{name: "crashCount", on: true, why: "issue 28 item 3: a message that kills its process is dead-lettered within MaxAttempts+1 runs (seeds 9, 12, 65, 146, 151: 5 to 8 runs under in-process hold, bound 4; after 52f4ddd still 22, 27, 40, 44: 8 runs; later 5, 24, 27, 29, 38: 5 to 14 runs, all without a StartRecorder). Traced: each crash was charged, as the driver contract allows (driver.Message.Attempt: under Ordered the first unsettled message of the chain), to the key's message before the killer, whose Ack the crash cut off, or to a chain's head; no process can count what killed the one before it, so the bound is asserted where a crash is charged to the message that ran: with a StartRecorder, or native hold one message at a time (checkModelScenario, crashCounted). On by default since; the harness's own breaks it found (a doubly stopped instance, seed 48; a replacement started after the end, seed 917; synctest.Wait from the supervisor, seed 1023) are fixed"},
 	{name: "unrunDead", why: "issue 28 item 9: a message whose count lost leases used up is dead-lettered without a run of its own (before 4c3c2c9 seeds 25, 119, 624, 629 of 1,000; after it still 612, 833, 1049, 1767 of 3,000: m006 of seed 1049, Exclusive, native hold, delivered five times to one instance, each lease running out unrun, then dead-lettered at attempt 5)"},
-	{name: "closeSlowCall", why: "issue 28 item 8, the rest: Close returns within 1 s of its context's end; it returned 4.3 s and 13.3 s late (seeds 3717 and 1968 by default, about once in 15,000 seeds; the first while a driver call that timed out was running, the second not traced)"},
-	{name: "settleLost", why: "a DeadLetter whose answer says the head's lease was lost lets the subscriber run the rest of its chain (native hold, HoldChains or not); the head is redelivered and runs after them (seed 211 with KEYORDER_MODEL_CLASSES=startCount after 52f4ddd: m008 failed to its budget, its DeadLetter found the lease run out, m010 ran, then m008 ran again at attempt 4 and succeeded); under HoldChains (by default before this class, seed 3859 of 5,000: m007 failed to its budget, its DeadLetter found the lease lost, m009 ran and was acknowledged, then m007 ran again and succeeded; seed 3421: the same after m011's lease ran out during stalled renewals; rare: about 1 run in 10,000 seeds, and a seed replays its scheduling only now and then)"},
+	{name: "closeSlowCall", on: true, why: "on by default since 20,000 seeds with KEYORDER_MODEL_CLASSES=closeSlowCall passed after 1769250 (its failures at 2675, 4771, 4819, 11397, 15322 of 20,000 were the attempts a graceful stop forgot, fixed there); before: issue 28 item 8, the rest: Close returns within 1 s of its context's end; it returned 4.3 s and 13.3 s late (seeds 3717 and 1968 by default, about once in 15,000 seeds; the first while a driver call that timed out was running, the second not traced)"},
+	{name: "settleLost", on: true, why: "fixed (TestDeadLetterNotLandedHoldsKey): a DeadLetter that does not land under Ordered sets its key's barrier and gives the rest of its chain back; before: a DeadLetter whose answer says the head's lease was lost lets the subscriber run the rest of its chain (native hold, HoldChains or not); the head is redelivered and runs after them (seed 211 with KEYORDER_MODEL_CLASSES=startCount after 52f4ddd: m008 failed to its budget, its DeadLetter found the lease run out, m010 ran, then m008 ran again at attempt 4 and succeeded); under HoldChains (by default before this class, seed 3859 of 5,000: m007 failed to its budget, its DeadLetter found the lease lost, m009 ran and was acknowledged, then m007 ran again and succeeded; seed 3421: the same after m011's lease ran out during stalled renewals; rare: about 1 run in 10,000 seeds, and a seed replays its scheduling only now and then; seeds 2209, 2277 of 5,000 and 9107 of 10,000 with KEYORDER_MODEL_CLASSES=settleLost, m003 dead-lettered at attempt 3 on a lost lease, m007 of its chain ran next)"},
 	{name: "startCount", why: "with a StartRecorder, a message that lost a lease runs at an attempt below its whole runs before (seed 172 of 1,000: m018 ran attempts 1, 2, then 2 again after a Nack that timed out); not traced yet"},
 	{name: "closeCtx", on: true, why: "issue 28 item 8: Close returns when its context ends though a handler ignores its own; before 14600b7 seeds 14, 20, 61, 64, 68 failed with KEYORDER_MODEL_CLASSES=closeCtx, and seeds 4, 25, 31, 47 among others by default (Close returned 29 to 60 s after its 1-minute context ended)"},
 }
@@ -399,6 +400,34 @@ func TestPropertyPromiseUnderModelBroker(t *testing.T) {
 			}
 		}
 	}
+	if os.Getenv("KEYORDER_MODEL_SEED") != "" || os.Getenv("KEYORDER_MODEL_CLASSES") != "" || os.Getenv("KEYORDER_MODEL_ALL") != "" {
+		return
+	}
+	for _, rg := range modelRegressions {
+		rc := map[string]bool{}
+		for _, c := range modelClasses {
+			rc[c.name] = c.on
+		}
+		for _, name := range rg.classes {
+			rc[strings.TrimPrefix(name, "-")] = !strings.HasPrefix(name, "-")
+		}
+		sc := drawModelScenario(rg.seed, rc)
+		t.Run(fmt.Sprintf("regression%d_%s", rg.seed, strings.Join(rg.classes, "_")), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { runModelScenario(t, sc) })
+		})
+	}
+}
+
+// modelRegressions are seeds that failed before a fix and replay its
+// failure every time (most seeds replay their scheduling only now and
+// then), each with the classes, beside the defaults, it failed under. They
+// run after the default seeds.
+var modelRegressions = []struct {
+	seed    uint64
+	classes []string
+	fix     string
+}{
+	{4819, []string{"startCount"}, "a graceful stop released uncounted a message waiting for its in-process retry aside (Exclusive, RunBatch, retryAside) or cut short in that retry (HoldChains); run 2 at attempt 1"},
 }
 
 // modelInst is one subscriber instance of a scenario.
@@ -407,6 +436,12 @@ type modelInst struct {
 	mi   *model.Instance
 	s    *subscribe.Subscriber
 	done chan error
+	// stopped: stop ran for it; a crash event and its own killer
+	// handler may both stop it (the second waited for a Run result the
+	// first had taken: "Run did not return", seed 48 with
+	// KEYORDER_MODEL_CLASSES=crashCount); only the first stops it and
+	// starts its successor.
+	stopped atomic.Bool
 }
 
 func runModelScenario(t *testing.T, sc *modelScenario) {
@@ -545,20 +580,31 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		return nil
 	}
 
+	// ending: the scenario is over; no instance starts any more (a
+	// supervisor's replacement started after the last ones were stopped
+	// ran on past the bubble: seed 917 with
+	// KEYORDER_MODEL_CLASSES=crashCount).
+	ending := false
 	start := func(slot int) {
 		imu.Lock()
+		if ending {
+			imu.Unlock()
+			return
+		}
 		nextIdx++
 		in := &modelInst{idx: nextIdx, mi: b.NewInstance(), done: make(chan error, 1)}
-		insts[slot] = in
-		imu.Unlock()
 		s, err := subscribe.New(in.mi.Driver(), &subscribe.Config{
 			Workers: sc.workers, Logger: quiet, Batch: sc.batch, ShutdownTimeout: 10 * time.Second,
 			Retry: policy.Retry{MaxAttempts: modelMaxAttempts, MinBackoff: time.Second, MaxBackoff: 5 * time.Second},
 		})
 		if err != nil {
-			t.Fatal(err)
+			imu.Unlock()
+			t.Error(err)
+			return
 		}
 		in.s = s
+		insts[slot] = in
+		imu.Unlock()
 		if sc.batch == nil {
 			go func() {
 				in.done <- s.Run(context.Background(), func(ctx context.Context, d *keyorder.Delivery) error {
@@ -579,10 +625,10 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 				})
 			}()
 		}
-		synctest.Wait()
 	}
 	// stop ends an instance: gracefully, or after its crash.
-	stop := func(in *modelInst, crashed bool) {
+	var stop func(in *modelInst, crashed bool) bool
+	stopOnce := func(in *modelInst, crashed bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		began := time.Now()
@@ -602,7 +648,8 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		}
 		select {
 		case err := <-in.done:
-			if !crashed && err != nil {
+			// ErrClosed: stopped before its Run began.
+			if !crashed && err != nil && !errors.Is(err, keyorder.ErrClosed) {
 				t.Errorf("instance %d: Run: %v", in.idx, err)
 			}
 		case <-time.After(10 * time.Minute):
@@ -612,13 +659,21 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		// still runs ends with it.
 		log.kill(in.idx)
 	}
-	crash := func(in *modelInst) {
+	// stop reports whether it stopped in (false: stopped already).
+	stop = func(in *modelInst, crashed bool) bool {
+		if !in.stopped.CompareAndSwap(false, true) {
+			return false
+		}
+		stopOnce(in, crashed)
+		return true
+	}
+	crash := func(in *modelInst) bool {
 		log.mu.Lock()
 		log.crashed = true
 		log.mu.Unlock()
 		log.kill(in.idx)
 		in.mi.Crash()
-		stop(in, true)
+		return stop(in, true)
 	}
 	slotOf := func(in *modelInst) int {
 		imu.Lock()
@@ -627,14 +682,17 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 	}
 	for i := range sc.instances {
 		start(i)
+		synctest.Wait()
 	}
-	// A process killed by its handler is replaced, as a supervisor does.
+	// A process killed by its handler is replaced, as a supervisor does
+	// (without synctest.Wait, which only the scenario's goroutine may
+	// call: seed 1023 with KEYORDER_MODEL_CLASSES=crashCount panicked
+	// with "wait already in progress").
 	supervised := make(chan struct{})
 	go func() {
 		defer close(supervised)
 		for in := range crashes {
-			if i := slotOf(in); i >= 0 {
-				stop(in, true)
+			if i := slotOf(in); i >= 0 && stop(in, true) {
 				start(i)
 			}
 		}
@@ -655,11 +713,15 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 			}
 			switch e.kind {
 			case "restart":
-				stop(in, false)
-				start(e.inst)
+				if stop(in, false) {
+					start(e.inst)
+					synctest.Wait()
+				}
 			case "crash":
-				crash(in)
-				start(e.inst)
+				if crash(in) {
+					start(e.inst)
+					synctest.Wait()
+				}
 			case "revoke":
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				b.Revoke(ctx, in.mi, func(key string) bool { return slices.Contains(e.keys, key) })
@@ -686,12 +748,11 @@ func runModelScenario(t *testing.T, sc *modelScenario) {
 		synctest.Wait()
 	}
 	imu.Lock()
+	ending = true
 	final := slices.Clone(insts)
 	imu.Unlock()
 	for _, in := range final {
-		if !in.mi.Crashed() {
-			stop(in, false)
-		}
+		stop(in, in.mi.Crashed()) // unless stopped already
 	}
 	close(crashes)
 	<-supervised
@@ -776,7 +837,21 @@ func checkModelScenario(t *testing.T, sc *modelScenario, b *model.Broker, log *m
 		if m.poison && survives && !isDead {
 			bad("%s: failing every run, not dead-lettered after %d runs", m.id, len(runs))
 		}
-		if m.killer && len(runs) > modelMaxAttempts+1 {
+		// A message that kills its process: only the broker remembers
+		// across processes, and the driver contract (driver.Message.Attempt)
+		// lets a lost lease charge the key's first unsettled delivery,
+		// which, without native hold, may be one whose Ack the crash cut
+		// off while the killer, behind it, ran; so may a chain's head
+		// with native hold (a receive of several messages of a key). The
+		// bound holds where a crash is charged to the message that ran:
+		// with a StartRecorder, or with native hold one message at a
+		// time. (Seeds 24, 27, 29, 38, 148 with
+		// KEYORDER_MODEL_CLASSES=crashCount: no native hold, Ordered or
+		// Exclusive, a killer run 8 to 14 times, each crash charged to the
+		// message before it, whose Ack it cut off; seeds 95, 249, 290:
+		// native hold, MaxBatch 2 or 3, the chain's head charged.)
+		crashCounted := c.StartRecorder || c.NativeHold && !c.HoldChains && c.MaxBatch == 1
+		if m.killer && crashCounted && len(runs) > modelMaxAttempts+1 {
 			bad("%s: killing its process, ran %d times; the bound is %d", m.id, len(runs), modelMaxAttempts+1)
 		}
 		if isDead && len(runs) == 0 && sc.classes["unrunDead"] {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"time"
 
@@ -40,10 +41,12 @@ func (s *Subscriber) handle(ctx context.Context, h HandlerFunc, it *item) lanes.
 	if !ok {
 		return r
 	}
+	defer s.revokeSettled(run)
 	end, err := s.call(hctx, h, it)
 	cut := s.endAttempt(ctx, hctx, run)
 	if s.abandoned.Load() {
 		// Run returned without waiting for it (Close's deadline).
+		s.abandonedReturned(run)
 		return lanes.Done()
 	}
 	ends := [1]func(Outcome, error){end}
@@ -189,6 +192,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	if cause == nil {
 		i = len(run)
 	}
+	var now []*item // revoked while running: acknowledged before revoke returns
 	for k, it := range run[:i] {
 		if it.fenced.Load() {
 			// The driver refused its settlement in the handler (the
@@ -200,12 +204,39 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		observed(ends[k], OutcomeAck, nil)
 		s.acked.add(it.m.ID)
 		s.stats.Acked.Add(1)
+		if it.revoking.Load() {
+			now = append(now, it)
+			continue
+		}
 		s.acks.push(it)
+	}
+	if len(now) > 0 {
+		s.ackNow(now)
 	}
 	if cause == nil {
 		return nil, lanes.Done()
 	}
 	it, rest := run[i], run[i+1:]
+	var revoked []*item
+	for _, o := range run[i:] {
+		if o.revoking.Load() {
+			// Revoked while it ran (see revoke): it does not run here
+			// again; the partition's next owner runs it, the driver
+			// counting the attempt that started. Under in-process hold
+			// its key's later messages that come here wait for its
+			// redelivery (a barrier, as for a lost lease).
+			o.mu.Lock()
+			o.fenced.Store(true)
+			o.lost.Store(true)
+			o.mu.Unlock()
+			revoked = append(revoked, o)
+		}
+	}
+	if len(revoked) > 0 {
+		s.mu.Lock()
+		s.leaseLost(revoked)
+		s.mu.Unlock()
+	}
 	// outcome ends the observation of the failed member's attempt with o,
 	// and of those behind it, which never ran, as released.
 	outcome := func(o Outcome) {
@@ -221,9 +252,11 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		return nil, lanes.Done()
 	}
 	if s.closing.Load() && ctx.Err() != nil {
-		// Cancelled by shutdown: not the messages' fault.
+		// Cancelled by shutdown: not the messages' fault. One that failed
+		// here before and was cut short in its in-process retry keeps the
+		// attempts it used (giveBackAtStop), as it would waiting for it.
 		outcome(OutcomeReleased)
-		s.cut(run[i:])
+		s.cutAtStop(run[i:])
 		return nil, lanes.Done()
 	}
 	var perm *keyorder.PermanentError
@@ -262,7 +295,19 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	}
 	if dead != "" {
 		outcome(OutcomeDeadLetter)
-		s.deadLetter(it, dead)
+		if err := s.deadLetter(it, dead); err != nil && s.caps.NativeHold && s.caps.Ordering == policy.Ordered && it.chain != nil {
+			// The call may not have landed (the lease was lost, or it
+			// was given up): the broker would redeliver the message, and
+			// nothing of its chain, leased here, may run before it. The
+			// chain breaks and its rest goes back, to come after the
+			// redelivery (dead-lettered again: undeadNote). (Under
+			// in-process hold the key goes on: a barrier would hold it
+			// for barrierLeases leases when the call did land and only
+			// its answer was lost, which no driver tells apart.)
+			it.chain.broken.Store(true) // members in other lane items too
+			s.cut(rest)
+			return nil, lanes.Done()
+		}
 		if len(rest) == 0 {
 			return nil, lanes.Done()
 		}
@@ -326,6 +371,30 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 	return run[i:], lanes.RetryAt(at)
 }
 
+// ackNow acknowledges its on the caller's lane, not through the acker:
+// they were revoked while they ran, and revoke returns only once their
+// acknowledgements have reached the driver.
+func (s *Subscriber) ackNow(its []*item) {
+	ms := make([]*driver.Message, 0, len(its))
+	s.mu.Lock()
+	for _, it := range its {
+		s.removeOutstanding(it)
+		if !it.fenced.Load() {
+			ms = append(ms, it.m)
+		}
+	}
+	s.mu.Unlock()
+	if len(ms) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		defer cancel()
+		if err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
+			s.stats.SettleFailures.Add(1)
+			s.cfg.Logger.Warn("keyorder: acknowledging revoked messages failed; the partition's next owner may run them again", "count", len(ms), "err", err)
+		}
+	}
+	s.forgetAll(its)
+}
+
 // cut gives back members that must not run now (the first was lost, or
 // its chain broken, or the run was cut short): the lost are dropped (the
 // broker redelivers them), the others released unhandled, and their chains
@@ -345,10 +414,30 @@ func (s *Subscriber) cut(its []*item) {
 	s.giveBack(back)
 }
 
-func (s *Subscriber) deadLetter(it *item, reason string) {
+// cutAtStop is cut for members a graceful stop cut short: those that
+// failed here and were retried in process go back with their attempts
+// (giveBackAtStop), not released uncounted.
+func (s *Subscriber) cutAtStop(its []*item) {
+	var back []*item
+	for _, it := range its {
+		if it.chain != nil {
+			it.chain.broken.Store(true)
+		}
+		if it.lost.Load() {
+			s.drop(it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	s.giveBackAtStop(back)
+}
+
+// deadLetter dead-letters it for reason; an error means the call did not
+// land (see deadLetterAs).
+func (s *Subscriber) deadLetter(it *item, reason string) error {
 	s.stats.DeadLettered.Add(1)
 	s.cfg.Logger.Warn("keyorder: message dead-lettered", "id", it.m.ID, "key", it.m.Key, "attempts", it.attempt, "reason", reason)
-	s.deadLetterAs(it, reason, it.attempt)
+	return s.deadLetterAs(it, reason, it.attempt)
 }
 
 // deadLetterAs hands it to the driver's DeadLetter, and remembers the
@@ -359,9 +448,10 @@ func (s *Subscriber) deadLetter(it *item, reason string) {
 // key's later messages when an earlier one's lease runs out (Pub/Sub
 // redelivers acknowledged messages too), and running it again would run it
 // after messages of its key that ran after it was dead-lettered.
-func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) {
+func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) error {
 	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
 	s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt, landed: err == nil})
+	return err
 }
 
 // redeliveredDead settles a redelivery of a message this process
@@ -427,12 +517,12 @@ func (s *Subscriber) call(ctx context.Context, h HandlerFunc, it *item) (end fun
 // delivery returns the Delivery an attempt of it is handed.
 func (s *Subscriber) delivery(it *item) *keyorder.Delivery {
 	m := it.m
-	headers := make(map[string]string, len(m.Headers)+1)
-	for k, v := range m.Headers {
-		headers[k] = v
-	}
-	if m.Key != "" {
-		headers[keyorder.HeaderPartitionKey] = m.Key
+	// The attempt's own copy of the message's headers; none (nil) when it
+	// has none, so a message without headers costs no map. The key is in
+	// Message.Key, not in the headers.
+	var headers map[string]string
+	if len(m.Headers) > 0 {
+		headers = maps.Clone(m.Headers)
 	}
 	payload := m.Payload
 	if s.copiesPayload() {

@@ -373,7 +373,7 @@ const (
 func runScenario(t *testing.T, sc *propScenario) {
 	b := memory.NewBroker()
 	if err := b.CreateSubscription("t", "s", &memory.SubscriptionOptions{
-		Ordering: sc.ordering, Hold: sc.hold, Chain: sc.chain, LeaseDuration: propLease,
+		Ordering: sc.ordering, Hold: sc.hold, Chain: sc.chain, Lease: propLease,
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,10 @@ type item struct {
 	// (driver.Attempt.LeaseLost): it is not settled even if the handler
 	// succeeds, since another consumer may hold it now.
 	fenced atomic.Bool
+	// revoking: revoked while its handler ran (see revoke.go): revoke
+	// waits until the run's result has reached the driver
+	// (Subscriber.revokeWaits).
+	revoking atomic.Bool
 	// Guarded by Subscriber.mu.
 	hasToken bool // holds a flow-control token
 	held     bool // outstanding without a token: counted in Subscriber.held
@@ -98,7 +102,10 @@ func (s *Subscriber) holdsChain(it *item) bool {
 // the item). One long-lived item (a Delivery a handler keeps, a message
 // held for a retry) keeps up to itemSlab-1 finished neighbours, and the
 // messages they point to, from being freed with it (see internal/slab).
-const itemSlab = 8
+// Nine 448-byte items fill a 4,096-byte size class to within 64 bytes
+// (eight left 512 bytes of it empty); TestItemSlabSizeClass keeps a slab
+// filling its class as item changes.
+const itemSlab = 9
 
 // pump receives messages and submits them to the lanes until ctx ends or a
 // permanent error occurs.
@@ -376,11 +383,4 @@ func (t *tokens) release(n int) {
 		default:
 		}
 	}
-}
-
-// taken returns the number of tokens taken.
-func (t *tokens) taken() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.size - t.free
 }

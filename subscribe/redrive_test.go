@@ -45,7 +45,7 @@ func TestRedriveRunsAfterDeadLetterErrorThatTookEffect(t *testing.T) {
 }
 
 func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubscriber, copies bool) {
-	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 9 * time.Second})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Lease: 9 * time.Second})
 	lost := errors.New("connection reset after the request was sent")
 	net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 		if op == memhook.OpDeadLetter && n == 1 {
@@ -127,7 +127,7 @@ func redriveAfterLandedDeadLetter(t *testing.T, hold memory.Hold, batch, bySubsc
 // copies (the redelivery's attempt is higher than the failed call's).
 func TestRedeliveryAfterFailedDeadLetterWithoutCopies(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 			if op == memhook.OpDeadLetter && n == 1 {
 				return memhook.Fault{Err: errors.New("access denied")}

@@ -5,7 +5,6 @@ package subscribe
 
 import (
 	"context"
-	"time"
 
 	"github.com/keyorder/keyorder/driver"
 )
@@ -17,12 +16,21 @@ import (
 // same mu, never runs it; it leaves the outstanding set at once (no more
 // renewals) and, wherever it waits (a lane, a parked retry, a throttle, a
 // barrier, an open batch), is dropped without a driver call when its turn
-// comes. One that is running has its context cancelled, and revoke waits
-// until its handler has returned, or ctx ends; what it returns is not
-// settled (fenced: decide drops it, the acker skips it). It returns the
-// selected messages still running when ctx ended.
+// comes. One that is running is left to finish: revoke waits until its
+// handler has returned and its result has reached the driver (an
+// acknowledgement is made at once, on the handler's lane, not queued; a
+// failure, whatever its kind, is not retried here: the message is dropped
+// for the partition's next owner, its attempt counted by the driver), so a
+// rebalance does not charge an attempt for, and rerun, work that finishes
+// within the revocation's time. When ctx ends first, the handlers still
+// running have their contexts cancelled and are fenced (what they return
+// is not settled), and revoke returns their messages.
 func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message {
-	var running []*item
+	type wait struct {
+		it *item
+		ch chan struct{}
+	}
+	var running []wait
 	toks := 0
 	s.mu.Lock()
 	// Messages a Receive returned that the pump has not registered yet
@@ -32,21 +40,32 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 	for it := s.outstanding.head; it != nil; {
 		next := it.nextO
 		if selected(it.m) {
-			revoked = append(revoked, it)
 			it.mu.Lock()
+			if it.hctx != nil {
+				// Running: it finishes (see decide), and tells when
+				// its result has reached the driver.
+				ch := s.revokeWaits[it]
+				if ch == nil {
+					ch = make(chan struct{})
+					if s.revokeWaits == nil {
+						s.revokeWaits = map[*item]chan struct{}{}
+					}
+					s.revokeWaits[it] = ch
+				}
+				it.revoking.Store(true)
+				running = append(running, wait{it, ch})
+				it.mu.Unlock()
+				it = next
+				continue
+			}
 			it.fenced.Store(true)
 			it.lost.Store(true)
-			hctx := it.hctx
 			it.mu.Unlock()
-			if hctx != nil {
-				hctx.cancel()
-				running = append(running, it)
-			} else {
-				s.removeOutstanding(it)
-				if it.hasToken {
-					it.hasToken = false
-					toks++
-				}
+			revoked = append(revoked, it)
+			s.removeOutstanding(it)
+			if it.hasToken {
+				it.hasToken = false
+				toks++
 			}
 		}
 		it = next
@@ -57,33 +76,48 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 	s.leaseLost(revoked)
 	s.mu.Unlock()
 	s.releaseTokens(toks)
-	if len(running) == 0 {
-		return nil
-	}
-	t := time.NewTicker(time.Millisecond)
-	defer t.Stop()
-	for {
-		still := running[:0]
-		for _, it := range running {
-			it.mu.Lock()
-			if it.hctx != nil {
-				still = append(still, it)
-			}
-			it.mu.Unlock()
-		}
-		running = still
-		if len(running) == 0 {
-			return nil
-		}
+	var still []*driver.Message
+	for _, w := range running {
 		select {
+		case <-w.ch:
+			continue
 		case <-ctx.Done():
-			ms := make([]*driver.Message, len(running))
-			for i, it := range running {
-				ms[i] = it.m
-			}
-			return ms
-		case <-t.C:
 		}
+		// The revocation's time is up: cancelled, and whatever it returns
+		// is not settled (fenced: decide drops it, the acker skips it).
+		select {
+		case <-w.ch:
+			continue
+		default:
+		}
+		it := w.it
+		it.mu.Lock()
+		it.fenced.Store(true)
+		it.lost.Store(true)
+		hctx := it.hctx
+		it.mu.Unlock()
+		if hctx != nil {
+			hctx.cancel()
+		}
+		still = append(still, it.m)
+	}
+	return still
+}
+
+// revokeSettled tells revoke that the results of the members of a run
+// that were revoked while it ran have reached the driver (or been
+// dropped). Called by the lane once decide has settled them.
+func (s *Subscriber) revokeSettled(run []*item) {
+	for _, it := range run {
+		if !it.revoking.Load() {
+			continue
+		}
+		s.mu.Lock()
+		if ch := s.revokeWaits[it]; ch != nil {
+			delete(s.revokeWaits, it)
+			close(ch)
+		}
+		s.mu.Unlock()
 	}
 }
 

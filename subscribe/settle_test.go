@@ -90,7 +90,7 @@ func TestSettlementRetriedUnderTransientFailures(t *testing.T) {
 
 func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 	const keys, perKey = 6, 12
-	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3, LeaseDuration: 9 * time.Second})
+	w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Chain: 3, Lease: 9 * time.Second})
 	net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 		if op == memhook.OpExtendLeases {
 			if n%4 != 0 { // three in a row fail: a lease not renewed for 9s is lost
@@ -224,7 +224,7 @@ func settleUnderTransientFailures(t *testing.T, hold memory.Hold) {
 // is lost and no handler runs twice.
 func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		permanentErr := errors.New("access denied")
 		net := newFlaky(func(op memhook.Op, n int, ms []*driver.Message) memhook.Fault {
 			// The first Ack, Nack and DeadLetter: one transient failure,
@@ -288,5 +288,81 @@ func TestSettlementStopsAtPermanentFailure(t *testing.T) {
 		}
 		t.Logf("injected failures %d (failed/calls:%s); handler runs %v; retries %d; given up %d; suppressed %d",
 			net.total(), net, log.get(), st.SettleRetries, st.SettleFailures, st.Suppressed)
+	})
+}
+
+// deadLetterLost answers the first DeadLetter of each message as a broker
+// does that found its lease lost: with an error and without effect.
+type deadLetterLost struct {
+	driver.Subscription
+	mu     sync.Mutex
+	tried  map[string]int
+	landed map[string]time.Time
+}
+
+func (d *deadLetterLost) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
+	d.mu.Lock()
+	d.tried[m.ID]++
+	first := d.tried[m.ID] == 1
+	d.mu.Unlock()
+	if first {
+		return errors.New("dead letter: lease lost")
+	}
+	err := d.Subscription.DeadLetter(ctx, m, reason, attempts)
+	if err == nil {
+		d.mu.Lock()
+		d.landed[m.ID] = time.Now()
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// TestDeadLetterNotLandedHoldsKey: under Ordered with native hold, a
+// DeadLetter that does not land (its answer says the lease was lost)
+// leaves the message to its redelivery, so the rest of its chain (a2,
+// received with it) goes back and waits for it: a2 starts only after a1,
+// redelivered when its lease ran out, was dead-lettered. Before the fix
+// a2 ran at once, 30 s before a1's dead letter landed (class settleLost of
+// TestPropertyPromiseUnderModelBroker, seeds 3859, 3421, 211).
+func TestDeadLetterNotLandedHoldsKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.Native, Chain: 2, Lease: 30 * time.Second})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := &deadLetterLost{Subscription: raw, tried: map[string]int{}, landed: map[string]time.Time{}}
+		publishAll(t, w, "A", "a1", "a2")
+		var mu sync.Mutex
+		started := map[string]time.Time{}
+		_, stop := w.start(t, drv, nil, func(ctx context.Context, d *keyorder.Delivery) error {
+			mu.Lock()
+			if _, ok := started[d.ID]; !ok {
+				started[d.ID] = time.Now()
+			}
+			mu.Unlock()
+			if d.ID == "a1" {
+				return keyorder.Permanent(errors.New("poison"))
+			}
+			return nil
+		})
+		defer stop()
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		at, ok := drv.landed["a1"]
+		if !ok {
+			t.Fatalf("a1 never dead-lettered (DeadLetter tried %d times)", drv.tried["a1"])
+		}
+		a2, ok := started["a2"]
+		if !ok {
+			t.Fatal("a2 never ran")
+		}
+		if a2.Before(at) {
+			t.Fatalf("a2 started %v before a1's dead letter landed (its first DeadLetter did not)", at.Sub(a2))
+		}
 	})
 }

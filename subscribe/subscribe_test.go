@@ -126,7 +126,7 @@ func (s *stallingLeases) ExtendLeases(ctx context.Context, ms []*driver.Message)
 
 func TestLostLeaseCancelsHandler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 9 * time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 9 * time.Second})
 		raw, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		drv := &stallingLeases{Subscription: raw}
 		var cause atomic.Value
@@ -190,7 +190,7 @@ func TestShutdownDeadlineReleasesWithoutCountingAttempt(t *testing.T) {
 // holding it; with two it now gets one run (TestAttemptsUsedUpByLostLeases).
 func TestAttemptsUsedUpByLostLeasesDeadLetter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: time.Second})
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: time.Second})
 		w.publish(t, "m1", "k")
 		crashing, _ := memhook.Of(w.b).SubscriptionDriver("s")
 		for range 3 { // three consumers crash holding m1
@@ -228,20 +228,23 @@ func TestMiddlewareOrderAndHeaders(t *testing.T) {
 				}
 			}
 		}
-		var header string
+		var key string
+		var headers map[string]string
 		_, stop := w.start(t, nil, &subscribe.Config{Middleware: []subscribe.Middleware{mw("outer"), mw("inner")}},
 			func(ctx context.Context, d *keyorder.Delivery) error {
 				mu.Lock()
 				trace = append(trace, "handler")
-				header = d.Headers[keyorder.HeaderPartitionKey]
+				key, headers = d.Key, d.Headers
 				mu.Unlock()
 				return nil
 			})
 		w.publish(t, "m1", "acct-9")
 		synctest.Wait()
 		stop()
-		if !slices.Equal(trace, []string{"outer", "inner", "handler"}) || header != "acct-9" {
-			t.Fatalf("trace %v, partition-key header %q", trace, header)
+		// The message had no headers: the delivery carries its key as a
+		// field and no headers map at all.
+		if !slices.Equal(trace, []string{"outer", "inner", "handler"}) || key != "acct-9" || headers != nil {
+			t.Fatalf("trace %v, key %q, headers %v (want nil)", trace, key, headers)
 		}
 	})
 }

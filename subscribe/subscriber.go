@@ -35,6 +35,12 @@ type Subscriber struct {
 	// abandoned: Run returned while handlers still ran (Close's deadline
 	// ended first); what they return is not acted on (abandon).
 	abandoned atomic.Bool
+	// leasesDone is closed when the lease keeper has stopped: as Run
+	// returns, or, when Run abandoned handlers, once the last of them has
+	// returned (their leases are renewed until then, so no other consumer
+	// takes their keys while they run). abandonWake: one of them returned.
+	leasesDone  chan struct{}
+	abandonWake chan struct{}
 	// born is when New made the Subscriber: attempts record their start
 	// as time since born (attemptCtx.begun).
 	born time.Time
@@ -65,6 +71,9 @@ type Subscriber struct {
 	// revoke.go).
 	revocations []revocation
 	revokeGen   atomic.Uint64
+	// revokeWaits: for each item revoked while it ran (item.revoking),
+	// closed when its run's result has reached the driver.
+	revokeWaits map[*item]chan struct{}
 	// held counts the outstanding items that hold no flow-control token
 	// (item.held); while it is at Config.MaxHeld the pump does not
 	// receive (see waitHeld). heldWait: the pump waits for heldRoom.
@@ -144,18 +153,20 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	}
 	s := &Subscriber{
 		drv: drv, cfg: c, caps: caps,
-		shutdown: make(chan struct{}),
-		kill:     make(chan struct{}),
-		born:     time.Now(),
-		done:     make(chan struct{}),
-		tokens:   newTokens(c.MaxOutstanding),
-		acks:     newAckQueue(),
-		items:    slab.New[item](itemSlab),
-		payloads: slab.NewBytes(payloadChunk),
-		holds:    map[string]*keyHold{},
-		heldRoom: make(chan struct{}, 1),
-		acked:    newIDSet(c.DedupeSize),
-		undead:   newNoteSet[deadNote](c.DedupeSize),
+		shutdown:    make(chan struct{}),
+		kill:        make(chan struct{}),
+		born:        time.Now(),
+		done:        make(chan struct{}),
+		leasesDone:  make(chan struct{}),
+		abandonWake: make(chan struct{}, 1),
+		tokens:      newTokens(c.MaxOutstanding),
+		acks:        newAckQueue(),
+		items:       slab.New[item](itemSlab),
+		payloads:    slab.NewBytes(payloadChunk),
+		holds:       map[string]*keyHold{},
+		heldRoom:    make(chan struct{}, 1),
+		acked:       newIDSet(c.DedupeSize),
+		undead:      newNoteSet[deadNote](c.DedupeSize),
 	}
 	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
@@ -327,9 +338,47 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 	s.acks.close()
 	<-ackDone
 	s.settling.Wait()
+	if s.abandoned.Load() {
+		// Handlers Run gave up on still run: their leases are kept until
+		// they return (the driver is closed after that; see Close).
+		go func() {
+			s.waitAbandoned()
+			stopLeases()
+			<-leaseDone
+			close(s.leasesDone)
+		}()
+		return runErr
+	}
 	stopLeases()
 	<-leaseDone
+	close(s.leasesDone)
 	return runErr
+}
+
+// waitAbandoned returns once every handler Run abandoned has returned:
+// abandon left only their items outstanding, and each leaves as its
+// handler returns (abandonedReturned).
+func (s *Subscriber) waitAbandoned() {
+	for {
+		s.mu.Lock()
+		n := s.outstanding.n
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		<-s.abandonWake
+	}
+}
+
+// abandonedReturned is a handler Run abandoned returning: what it ran
+// leaves the outstanding set unsettled (left to the broker), so its lease
+// is no longer renewed.
+func (s *Subscriber) abandonedReturned(run []*item) {
+	s.forgetAll(run)
+	select {
+	case s.abandonWake <- struct{}{}:
+	default:
+	}
 }
 
 // drain waits until every message received has been settled, or ctx ends.
@@ -364,7 +413,10 @@ func (s *Subscriber) drain(ctx context.Context) {
 // without waiting for them (each handler still running is logged with its
 // message's key and ID and how long it has run; whatever it returns later
 // is not acted on), messages not yet settled are left to the broker; Close
-// then closes the driver and returns ctx's error. If Run was never called,
+// then returns ctx's error. The leases of the messages whose handlers still
+// run are renewed until those handlers return, so that no other consumer
+// takes their keys meanwhile; the driver is closed then (at once when none
+// runs). If Run was never called,
 // Close only closes the driver, and a later Run returns keyorder.ErrClosed.
 // Calling Close again returns keyorder.ErrClosed.
 //
@@ -382,6 +434,7 @@ func (s *Subscriber) Close(ctx context.Context) error {
 	if s.calledFromHandler(ctx) {
 		go func() {
 			<-s.done
+			<-s.leasesDone
 			s.observeDetach()
 			if cerr := s.drv.Close(); cerr != nil {
 				s.cfg.Logger.Warn("keyorder: closing the subscription failed", "err", cerr)
@@ -398,6 +451,20 @@ func (s *Subscriber) Close(ctx context.Context) error {
 			err = ctx.Err()
 			close(s.kill)
 			<-s.done
+		}
+		select {
+		case <-s.leasesDone:
+		default:
+			// Handlers Run abandoned still run, their leases renewed:
+			// the driver is closed when the last has returned.
+			go func() {
+				<-s.leasesDone
+				s.observeDetach()
+				if cerr := s.drv.Close(); cerr != nil {
+					s.cfg.Logger.Warn("keyorder: closing the subscription failed", "err", cerr)
+				}
+			}()
+			return err
 		}
 	}
 	s.observeDetach()
@@ -428,7 +495,8 @@ func (s *Subscriber) abandon() {
 	now := time.Since(s.born)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for it := s.outstanding.head; it != nil; it = it.nextO {
+	for it := s.outstanding.head; it != nil; {
+		next := it.nextO
 		it.mu.Lock()
 		hctx := it.hctx
 		var ran time.Duration
@@ -436,9 +504,13 @@ func (s *Subscriber) abandon() {
 			ran = now - hctx.begun
 		}
 		it.mu.Unlock()
-		if hctx != nil {
-			s.cfg.Logger.Error("keyorder: Close's context ended while a handler still runs; returning without it (its message is left to the broker)",
+		if hctx == nil {
+			// Not running: left to the broker, no longer renewed.
+			s.removeOutstanding(it)
+		} else {
+			s.cfg.Logger.Error("keyorder: Close's context ended while a handler still runs; returning without it (its lease is renewed until it returns; its message is then left to the broker)",
 				"key", it.m.Key, "id", it.m.ID, "running", ran)
 		}
+		it = next
 	}
 }

@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -105,7 +106,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 	defer tp.Close()
 	send(ctx, t, tp, "k", "m0")
 
-	bad := subOptions(t, integration.Spec{})
+	bad := subOptions(t, drivertest.Spec{})
 	bad.SessionTimeout = 50 * time.Millisecond // below franz-go's 100ms
 	if s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), bad); !errors.Is(err, keyorder.ErrInvalidConfig) {
 		if s != nil {
@@ -114,7 +115,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 		t.Errorf("a 50ms session timeout: %v, want ErrInvalidConfig at open", err)
 	}
 
-	s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, integration.Spec{}))
+	s, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, drivertest.Spec{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,8 +126,9 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 	if dead, err := s.DeadLetters(ctx, 0); err != nil || len(dead) != 0 {
 		t.Fatalf("DeadLetters: %v, %v; want none", dead, err)
 	}
-	if n, err := s.Redrive(ctx, []string{"nope"}); err != nil || n != 0 {
-		t.Fatalf("Redrive of an unknown ID: %d, %v; want 0, nil", n, err)
+	var nd *keyorder.NotDeadLetterError
+	if n, err := s.Redrive(ctx, []string{"nope"}); !errors.As(err, &nd) || n != 0 || !slices.Equal(nd.IDs, []string{"nope"}) {
+		t.Fatalf("Redrive of an unknown ID: %d, %v; want 0, a NotDeadLetterError naming it", n, err)
 	}
 	if err := s.Ack(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -154,7 +156,7 @@ func TestAdminOpenJoinsOnFirstReceive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	idle, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, integration.Spec{}))
+	idle, err := kafka.OpenSubscriptionDriver(ctx, name, uniqueName("g"), subOptions(t, drivertest.Spec{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/kafka"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/integration/drivertest"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 var seq atomic.Int64
@@ -85,7 +85,7 @@ func createTopic(ctx context.Context, t testing.TB, cl *kgo.Client, partitions i
 
 // subOptions are the options of the tests' subscriptions: a short session
 // timeout, so a killed member's partitions move within seconds.
-func subOptions(t testing.TB, spec integration.Spec) *kafka.SubscriptionOptions {
+func subOptions(t testing.TB, spec drivertest.Spec) *kafka.SubscriptionOptions {
 	return &kafka.SubscriptionOptions{
 		Ordering: spec.Ordering, Lease: spec.LeaseDuration,
 		SessionTimeout: 6 * time.Second, CommitInterval: 200 * time.Millisecond,
@@ -124,11 +124,11 @@ const conformancePartitions = 4
 // a member's when the case fails).
 type harness struct{ client *kgo.Client }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	return drivertest.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	topicName := createTopic(ctx, t, h.client, conformancePartitions)
 	group := uniqueName("g")
 	opts := subOptions(t, spec)
@@ -154,7 +154,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	if os.Getenv("KEYORDER_KAFKA_TRACE") != "" {
 		tp = timedTopic{topic, t}
 	}
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: tp,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
@@ -169,7 +169,7 @@ func TestConformance(t *testing.T) {
 		tr.live = "producer"
 		opts = tr.opts()
 	}
-	integration.Run(t, &harness{client: newClient(t, opts...)})
+	drivertest.Run(t, &harness{client: newClient(t, opts...)})
 }
 
 // noCompaction is why a Kafka subscription cannot compact as keyorder

@@ -179,27 +179,15 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 	}
 	// Markers apply to what came before them; order by time of writing.
 	sortByTime(recs)
-	var order []string
-	byID := map[string]driver.DeadLetter{}
+	var log driverkit.DeadLog
 	for _, r := range recs {
 		if id, ok := header(r, HeaderRedriven); ok {
-			delete(byID, id)
+			log.Redriven(id)
 			continue
 		}
-		dl := deadLetterOf(r)
-		if _, seen := byID[dl.Message.ID]; !seen {
-			order = append(order, dl.Message.ID)
-		}
-		byID[dl.Message.ID] = dl
+		log.Add(deadLetterOf(r))
 	}
-	out := make([]driver.DeadLetter, 0, len(byID))
-	for _, id := range order {
-		if dl, ok := byID[id]; ok {
-			out = append(out, dl)
-			delete(byID, id)
-		}
-	}
-	return out, nil
+	return log.Letters(), nil
 }
 
 // sortByTime orders rs by (timestamp, partition, offset).
@@ -228,17 +216,43 @@ func deadLetterOf(r *kgo.Record) driver.DeadLetter {
 	return driverkit.DeadLetterOf(fromRecord(r))
 }
 
+// deadStore is DeadLetters and Redrive over <topic>.<group>.dead: a
+// redriven record is produced on the topic again (with its key, headers
+// and ID, after everything produced meanwhile) and marked redriven on the
+// dead-letter topic. It reaches every group of the topic, not only this
+// one.
+func (s *subscriptionDriver) deadStore() driverkit.LogStore {
+	return driverkit.LogStore{
+		Read:  s.readDead,
+		Ready: func() error { _, err := s.producer(); return err },
+		Republish: func(ctx context.Context, m *driver.Message) error {
+			p, err := s.producer()
+			if err == nil {
+				err = p.ProduceSync(ctx, copyRecord(s.topic, m)).FirstErr()
+			}
+			if err != nil {
+				return fmt.Errorf("kafka: redrive %q to %s: %w", m.ID, s.topic, err)
+			}
+			return nil
+		},
+		MarkRedriven: func(ctx context.Context, id string) error {
+			p, err := s.producer()
+			if err == nil {
+				marker := &kgo.Record{Topic: s.deadTopic, Headers: []kgo.RecordHeader{{Key: HeaderRedriven, Value: []byte(id)}}}
+				err = p.ProduceSync(ctx, marker).FirstErr()
+			}
+			if err != nil {
+				return fmt.Errorf("kafka: redrive %q: mark dead letter redriven: %w", id, err)
+			}
+			return nil
+		},
+	}
+}
+
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
 // first, reading <topic>.<group>.dead from its start.
 func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if limit > 0 && len(dls) > limit {
-		dls = dls[:limit]
-	}
-	return dls, nil
+	return s.deadStore().DeadLetters(ctx, limit)
 }
 
 // Redrive produces the dead letters with these IDs on the topic again,
@@ -247,33 +261,5 @@ func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 // dead-letter topic. A redriven record reaches every group of the topic,
 // not only this one.
 func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return 0, err
-	}
-	p, err := s.producer()
-	if err != nil {
-		return 0, err
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	n := 0
-	for _, dl := range dls {
-		if !want[dl.Message.ID] {
-			continue
-		}
-		m := dl.Message
-		m.NotBefore = time.Time{}
-		if err := p.ProduceSync(ctx, copyRecord(s.topic, &m)).FirstErr(); err != nil {
-			return n, fmt.Errorf("kafka: redrive %q to %s: %w", m.ID, s.topic, err)
-		}
-		marker := &kgo.Record{Topic: s.deadTopic, Headers: []kgo.RecordHeader{{Key: HeaderRedriven, Value: []byte(m.ID)}}}
-		if err := p.ProduceSync(ctx, marker).FirstErr(); err != nil {
-			return n + 1, fmt.Errorf("kafka: redrive %q: mark dead letter redriven: %w", m.ID, err)
-		}
-		n++
-	}
-	return n, nil
+	return s.deadStore().Redrive(ctx, ids)
 }

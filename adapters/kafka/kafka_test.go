@@ -14,7 +14,7 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -77,7 +77,7 @@ func TestRestartRedeliversOnlyIncomplete(t *testing.T) {
 	}
 	send(ctx, t, tp, "A", "a0", "a1", "a2", "a3", "a4", "a5")
 	group := uniqueName("g")
-	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 	s1, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestReturnCarriesAttemptsAndDue(t *testing.T) {
 	send(ctx, t, tp, "A", "a0", "a1")
 	send(ctx, t, tp, "B", "b0")
 	group := uniqueName("g")
-	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 	s1, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestBackpressure(t *testing.T) {
 	for i, p := range all {
 		send(ctx, t, tp, fmt.Sprint("k", i), p)
 	}
-	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 	opts.MaxPending = 4
 	s, err := kafka.OpenSubscriptionDriver(ctx, topicName, uniqueName("g"), opts)
 	if err != nil {
@@ -336,7 +336,7 @@ func TestRevocationWaitsForInFlight(t *testing.T) {
 		send(ctx, t, tp, key, key+"-1", key+"-2")
 	}
 	group := uniqueName("g")
-	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 	a, err := kafka.OpenSubscriptionDriver(ctx, topicName, group, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -457,7 +457,7 @@ func TestGracefulStopKeepsRetry(t *testing.T) {
 	}
 	send(ctx, t, tp, "A", "x", "y")
 	group := uniqueName("g")
-	opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+	opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 	const delay = 3 * time.Second
 	failed := make(chan time.Time, 1)
 	s1, err := kafka.OpenSubscription(ctx, topicName, group, opts, nil)

@@ -3,15 +3,15 @@ package kafka_test
 import (
 	"testing"
 
-	"github.com/keyorder/keyorder/internal/opentest"
+	"github.com/keyorder/keyorder/integration/drivertest"
 )
 
 // TestOpenHonoursContext: publish.Open and subscribe.Open of an unreachable
 // or hanging broker return when their context ends, with its error,
 // instead of waiting for the opener's 30-second connect bound.
 func TestOpenHonoursContext(t *testing.T) {
-	for _, addr := range []string{opentest.Unreachable(t), opentest.Blackhole(t)} {
+	for _, addr := range []string{drivertest.Unreachable(t), drivertest.Blackhole(t)} {
 		base := "kafka://" + addr + "/t"
-		opentest.CheckOpenHonoursContext(t, base, base+"?group=g")
+		drivertest.CheckOpenHonoursContext(t, base, base+"?group=g")
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -141,7 +141,7 @@ func TestFreshGroupFirstRecords(t *testing.T) {
 			produce()
 		}
 		tr := newTraceLog(t)
-		opts := subOptions(t, integration.Spec{Ordering: policy.Ordered})
+		opts := subOptions(t, drivertest.Spec{Ordering: policy.Ordered})
 		opts.ClientOptions = append(opts.ClientOptions, tr.opts()...)
 		s, err := kafka.OpenSubscriptionDriver(ctx, topicName, uniqueName("g"), opts)
 		if err != nil {

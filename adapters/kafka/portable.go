@@ -7,12 +7,12 @@ package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -24,15 +24,7 @@ import (
 // the benchmark, 200 keys, PublishBatch: 166k msgs/s without linger). The
 // client stays the caller's. cfg configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, client *kgo.Client, topic string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, client, topic, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, client, topic, opts))
 }
 
 // OpenSubscription returns a Subscriber that joins consumer group on topic
@@ -48,13 +40,5 @@ func OpenSubscription(ctx context.Context, topic, group string, opts *Subscripti
 	if topic != "" && group != "" && !validTopic(DeadLetterTopic(topic, group)) {
 		return nil, fmt.Errorf("%w: kafka.OpenSubscription: group %q on topic %q: %s", keyorder.ErrInvalidConfig, group, topic, deadTopicRule)
 	}
-	s, err := openSubscription(ctx, topic, group, opts)
-	if err != nil {
-		return nil, err
-	}
-	ks, err := subscribe.New(s, cfg)
-	if err != nil {
-		return nil, errors.Join(err, s.Close())
-	}
-	return ks, nil
+	return driverkit.Portable(subscribe.New, cfg)(openSubscription(ctx, topic, group, opts))
 }

@@ -1,19 +1,15 @@
 package kafka_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,21 +17,19 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// The crash test runs consumers as real processes: the test binary
-// re-executed with KEYORDER_KAFKA_HELPER set runs helperConsumer instead
-// of the tests, so a SIGKILL hits a group member holding partitions and
-// records in flight, as a crash would.
+// The crash test runs consumers as real processes (proctest's helpers):
+// the test binary re-executed as helper "consumer" runs helperConsumer
+// instead of the tests, so a SIGKILL hits a group member holding
+// partitions and records in flight, as a crash would.
 
 func TestMain(m *testing.M) {
 	proctest.Main(openCrashConsumer)
-	if os.Getenv("KEYORDER_KAFKA_HELPER") != "" {
-		os.Exit(helperConsumer())
-	}
+	proctest.Helpers(map[string]func() int{"consumer": helperConsumer})
 	os.Exit(m.Run())
 }
 
@@ -48,16 +42,10 @@ func TestMain(m *testing.M) {
 // in process, holding its key).
 func helperConsumer() int {
 	ctx := context.Background()
-	rec, err := os.OpenFile(os.Getenv("KEYORDER_KAFKA_RECORDS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	write, err := proctest.Records()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
-	}
-	var mu sync.Mutex
-	write := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		_, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n")
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sub, err := kafka.OpenSubscription(ctx, os.Getenv("KEYORDER_KAFKA_TOPIC"), os.Getenv("KEYORDER_KAFKA_GROUP"), &kafka.SubscriptionOptions{
@@ -84,36 +72,15 @@ func helperConsumer() int {
 	return 2
 }
 
-type helper struct {
-	cmd     *exec.Cmd
-	records string
-	killed  bool
-}
+type helper struct{ *proctest.Proc }
 
 func startHelper(t *testing.T, topic, group string) *helper {
 	t.Helper()
-	records := fmt.Sprintf("%s/records-%d", t.TempDir(), rand.Uint32())
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KEYORDER_KAFKA_HELPER=1", "KEYORDER_KAFKA_TOPIC="+topic,
-		"KEYORDER_KAFKA_GROUP="+group, "KEYORDER_KAFKA_RECORDS="+records,
-		"KEYORDER_KAFKA_BROKERS="+strings.Join(brokers(t), ","))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h := &helper{cmd: cmd, records: records}
-	t.Cleanup(h.kill)
-	return h
+	return &helper{proctest.Start(t, "consumer", "KEYORDER_KAFKA_TOPIC="+topic,
+		"KEYORDER_KAFKA_GROUP="+group, "KEYORDER_KAFKA_BROKERS="+strings.Join(brokers(t), ","))}
 }
 
-func (h *helper) kill() {
-	if h.killed {
-		return
-	}
-	h.killed = true
-	_ = h.cmd.Process.Signal(syscall.SIGKILL)
-	_, _ = h.cmd.Process.Wait()
-}
+func (h *helper) kill() { h.Kill() }
 
 type record struct {
 	start    bool
@@ -128,18 +95,8 @@ type record struct {
 
 func (h *helper) read(t *testing.T, proc int) []record {
 	t.Helper()
-	f, err := os.Open(h.records)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var out []record
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
+	for _, fs := range h.Lines(t) {
 		if len(fs) < 5 {
 			continue
 		}
@@ -153,19 +110,7 @@ func (h *helper) read(t *testing.T, proc int) []record {
 	return out
 }
 
-// waitUntil polls cond every 50ms until it holds or d passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
+var waitUntil = proctest.WaitUntil
 
 // TestCrashAndRebalance: three consumer processes of one Ordered group on
 // a 6-partition topic while records keep arriving; one is killed with

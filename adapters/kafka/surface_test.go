@@ -17,7 +17,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -41,7 +41,7 @@ func TestURLMissingTopic(t *testing.T) {
 			return err
 		},
 		"kafka.OpenSubscription": func(ctx context.Context) error {
-			_, err := kafka.OpenSubscription(ctx, name, "g", subOptions(t, integration.Spec{}), nil)
+			_, err := kafka.OpenSubscription(ctx, name, "g", subOptions(t, drivertest.Spec{}), nil)
 			return err
 		},
 	} {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/memory"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 	"github.com/keyorder/keyorder/internal/memhook"
 )
 
@@ -16,8 +16,8 @@ type harness struct {
 	chain int
 }
 
-func (h harness) Capabilities() integration.Capabilities {
-	c := integration.Capabilities{FakeClock: true, Unsupported: map[string]string{
+func (h harness) Capabilities() drivertest.Capabilities {
+	c := drivertest.Capabilities{FakeClock: true, Unsupported: map[string]string{
 		"CompactionDeliversNewest": "the memory broker has no compaction: its key queues (internal/groupq) hand out " +
 			"every message; compaction is PostgreSQL's (SubscriptionOptions.Compaction)",
 	}}
@@ -31,14 +31,14 @@ func (h harness) Capabilities() integration.Capabilities {
 	return c
 }
 
-func (h harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	b := memory.NewBroker()
 	if err := b.CreateSubscription("topic", "sub", &memory.SubscriptionOptions{
-		Ordering: spec.Ordering, Hold: h.hold, LeaseDuration: spec.LeaseDuration, Chain: h.chain,
+		Ordering: spec.Ordering, Hold: h.hold, Lease: spec.LeaseDuration, Chain: h.chain,
 	}); err != nil {
 		return nil, err
 	}
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: memhook.Of(b).TopicDriver("topic"),
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return memhook.Of(b).SubscriptionDriver("sub")
@@ -46,6 +46,6 @@ func (h harness) MakePair(ctx context.Context, t *testing.T, spec integration.Sp
 	}, nil
 }
 
-func TestConformanceNative(t *testing.T)    { integration.Run(t, harness{hold: memory.Native}) }
-func TestConformanceChains(t *testing.T)    { integration.Run(t, harness{hold: memory.Native, chain: 4}) }
-func TestConformanceInProcess(t *testing.T) { integration.Run(t, harness{hold: memory.InProcess}) }
+func TestConformanceNative(t *testing.T)    { drivertest.Run(t, harness{hold: memory.Native}) }
+func TestConformanceChains(t *testing.T)    { drivertest.Run(t, harness{hold: memory.Native, chain: 4}) }
+func TestConformanceInProcess(t *testing.T) { drivertest.Run(t, harness{hold: memory.InProcess}) }

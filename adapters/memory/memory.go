@@ -60,7 +60,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,9 +104,10 @@ type SubscriptionOptions struct {
 	// backend's typed options call it Lease). Defaults to
 	// LeaseDurationDefault.
 	Lease time.Duration
-	// LeaseDuration is the older name of Lease, read when Lease is not set
-	// (Lease wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// LeaseDuration is the older name of Lease, read when Lease is not set (Lease
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -144,16 +144,6 @@ func (c *SubscriptionOptions) withDefaults() SubscriptionOptions {
 		out.Retry = &r
 	}
 	return out
-}
-
-// TopicOptions configures a topic.
-type TopicOptions struct {
-	// MaxKeyBytes limits keys. Defaults to MaxKeyDefault.
-	MaxKeyBytes int
-	// MaxPayloadBytes limits payloads. Defaults to MaxPayloadDefault.
-	MaxPayloadBytes int
-	// PayloadRequired rejects empty payloads.
-	PayloadRequired bool
 }
 
 // Broker is an in-memory broker. It is safe for concurrent use.
@@ -274,13 +264,6 @@ func (b *Broker) failSettlements(subName string, fn func(op memhook.Op, ms []*dr
 	return nil
 }
 
-// newTopicDriver returns a publishing driver for topic, creating it if needed.
-func (b *Broker) newTopicDriver(name string) *topicDriver {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return &topicDriver{b: b, t: b.topicLocked(name, nil)}
-}
-
 // newSubscriptionDriver returns a consuming driver for an existing
 // subscription. Each call returns a separate consumer, as separate
 // processes would have.
@@ -294,78 +277,7 @@ func (b *Broker) newSubscriptionDriver(name string) (*subscriptionDriver, error)
 	return &subscriptionDriver{s: s, consumer: s.newConsumer(), crash: make(chan struct{})}, nil
 }
 
-// topicDriver is the driver.Topic driver of a memory topic.
-type topicDriver struct {
-	b *Broker
-	t *topic
-}
-
 var _ driver.Topic = (*topicDriver)(nil)
-
-// SendBatch delivers ms to every subscription of the topic. It retains
-// nothing of ms: the topic stores one copy of each payload and headers
-// map, which its subscriptions share and never modify, and each delivery
-// gets its own copy of the payload (see subscriptionDriver.Receive).
-func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	t.b.mu.Lock()
-	fail, subs := t.t.failFn, t.t.subs
-	t.b.mu.Unlock()
-	if fail != nil {
-		if err := fail(ms); err != nil {
-			return err
-		}
-	}
-	if len(subs) == 0 {
-		return nil
-	}
-	cp := make([]stored, 0, 8) // on the stack for most batches
-	t.t.payloadsMu.Lock()
-	for _, m := range ms {
-		cp = append(cp, stored{payload: t.t.payloads.Copy(m.Payload)})
-	}
-	t.t.payloadsMu.Unlock()
-	for i, m := range ms {
-		if len(m.Headers) > 0 {
-			cp[i].headers = maps.Clone(m.Headers)
-		}
-	}
-	now := time.Now()
-	for _, s := range subs {
-		s.enqueue(ms, cp, now)
-	}
-	return nil
-}
-
-// stored is the topic's copy of a sent message's payload and headers.
-type stored struct {
-	payload []byte
-	headers map[string]string
-}
-
-// Limits returns the topic's limits.
-func (t *topicDriver) Limits() driver.Limits {
-	return driver.Limits{
-		Backend:          "memory",
-		MaxKeyBytes:      t.t.cfg.MaxKeyBytes,
-		KeyUTF8:          true,
-		MaxPayloadBytes:  t.t.cfg.MaxPayloadBytes,
-		PayloadRequired:  t.t.cfg.PayloadRequired,
-		MaxBatchMessages: 1000,
-	}
-}
-
-// IsRetryable reports false: the memory broker has no transient failures
-// except those a test injects, which it marks with memhook.ErrTransient.
-func (t *topicDriver) IsRetryable(err error) bool { return errors.Is(err, memhook.ErrTransient) }
-
-// ErrorCode classifies memory errors.
-func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode(err) }
-
-// Close does nothing.
-func (t *topicDriver) Close() error { return nil }
 
 func errorCode(err error) keyorder.ErrorCode {
 	switch {
@@ -506,7 +418,7 @@ func (d *subscriptionDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Ordering:      d.s.cfg.Ordering,
 		NativeHold:    d.s.cfg.Hold == Native,
-		LeaseDuration: d.s.cfg.LeaseDuration,
+		LeaseDuration: d.s.cfg.Lease,
 		MaxBatch:      d.s.cfg.MaxBatch,
 		Retry:         d.s.cfg.Retry,
 	}
@@ -529,7 +441,8 @@ func (d *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 
 // Redrive re-enqueues dead letters after everything that arrived meanwhile.
 func (d *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	return d.s.redrive(ids), nil
+	done := d.s.redrive(ids)
+	return len(done), driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's name (driver.Namer).

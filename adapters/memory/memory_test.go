@@ -41,7 +41,7 @@ func ids(ms []*driver.Message) []string {
 func TestInProcessRedeliversSuccessors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, LeaseDuration: 10 * time.Second})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"b1", "B"})
 		ctx := context.Background()
 		c1, _ := memhook.Of(b).SubscriptionDriver("s")
@@ -195,7 +195,7 @@ func TestInProcessReleaseCountsNoAttempts(t *testing.T) {
 func TestCrashedConsumerLeasesExpire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := memory.NewBroker()
-		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, LeaseDuration: 10 * time.Second})
+		b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Lease: 10 * time.Second})
 		send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"})
 		ctx := context.Background()
 		c1, _ := memhook.Of(b).SubscriptionDriver("s")
@@ -235,7 +235,7 @@ func TestEarlierDeliveryCannotSettleALaterOne(t *testing.T) {
 	for _, hold := range []memory.Hold{memory.Native, memory.InProcess} {
 		synctest.Test(t, func(t *testing.T) {
 			b := memory.NewBroker()
-			b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, LeaseDuration: 10 * time.Second})
+			b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: hold, Lease: 10 * time.Second})
 			send(t, b, [2]string{"a1", "A"})
 			ctx := context.Background()
 			c, _ := memhook.Of(b).SubscriptionDriver("s")
@@ -309,7 +309,7 @@ func TestCrashHoldingChainCountsOnlyHead(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := memory.NewBroker()
-				b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: s.ordering, Hold: s.hold, Chain: 3, LeaseDuration: 10 * time.Second})
+				b.CreateSubscription("t", "s", &memory.SubscriptionOptions{Ordering: s.ordering, Hold: s.hold, Chain: 3, Lease: 10 * time.Second})
 				send(t, b, [2]string{"a1", "A"}, [2]string{"a2", "A"}, [2]string{"a3", "A"}, [2]string{"a4", "A"})
 				ctx := context.Background()
 				c1, _ := memhook.Of(b).SubscriptionDriver("s")

@@ -8,9 +8,8 @@ package memory
 // through an internal package (internal/memhook).
 
 import (
-	"errors"
-
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -18,7 +17,7 @@ import (
 // OpenTopic returns a Publisher on topic name, creating the topic if
 // needed. cfg configures the Publisher (nil: defaults).
 func (b *Broker) OpenTopic(name string, cfg *publish.Config) (*publish.Publisher, error) {
-	return publish.New(b.newTopicDriver(name), cfg)
+	return driverkit.Portable(publish.New, cfg)(b.newTopicDriver(name), nil)
 }
 
 // OpenSubscription returns a Subscriber of the existing subscription name
@@ -29,9 +28,5 @@ func (b *Broker) OpenSubscription(name string, cfg *subscribe.Config) (*subscrib
 	if err != nil {
 		return nil, driver.WrapError("open", err, errorCode)
 	}
-	s, err := subscribe.New(drv, cfg)
-	if err != nil {
-		return nil, errors.Join(err, drv.Close())
-	}
-	return s, nil
+	return driverkit.Portable(subscribe.New, cfg)(drv, nil)
 }

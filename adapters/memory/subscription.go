@@ -274,7 +274,7 @@ func (s *subscription) newLease(e *entry, h groupq.Handle[*entry], prev *lease, 
 	} else {
 		l = new(lease)
 	}
-	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.LeaseDuration), msg: e.msg, prev: prev}
+	*l = lease{id: s.nextLease, e: e, h: h, deadline: now.Add(s.cfg.Lease), msg: e.msg, prev: prev}
 	s.leases[l.id] = l
 	e.lease = l
 	// Each delivery gets its own payload: what a consumer writes into it
@@ -571,7 +571,7 @@ func (s *subscription) extend(ms []*driver.Message) []*driver.Message {
 	var lost []*driver.Message
 	for _, m := range ms {
 		if l, ok := s.leaseOf(m); ok {
-			l.deadline = now.Add(s.cfg.LeaseDuration)
+			l.deadline = now.Add(s.cfg.Lease)
 		} else {
 			lost = append(lost, m)
 		}
@@ -594,10 +594,12 @@ func (s *subscription) deadLetters(limit int) []driver.DeadLetter {
 	return slices.Clone(s.dead[:n])
 }
 
-func (s *subscription) redrive(ids []string) int {
+// redrive re-enqueues the dead letters with these IDs and returns the IDs
+// of those it redrove.
+func (s *subscription) redrive(ids []string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	var done []string
 	s.dead = slices.DeleteFunc(s.dead, func(d driver.DeadLetter) bool {
 		if !slices.Contains(ids, d.Message.ID) {
 			return false
@@ -605,11 +607,11 @@ func (s *subscription) redrive(ids []string) int {
 		m := d.Message
 		m.NotBefore = time.Time{}
 		s.add(&entry{msg: m})
-		n++
+		done = append(done, m.ID)
 		return true
 	})
-	if n > 0 {
+	if len(done) > 0 {
 		s.signal()
 	}
-	return n
+	return done
 }

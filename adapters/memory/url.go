@@ -110,8 +110,8 @@ func (o *URLOpener) OpenSubscriptionURL(_ context.Context, u *url.URL) (driver.S
 				err = errors.New("want native or inprocess")
 			}
 		case "lease":
-			cfg.LeaseDuration, err = time.ParseDuration(v)
-			if err == nil && cfg.LeaseDuration <= 0 {
+			cfg.Lease, err = time.ParseDuration(v)
+			if err == nil && cfg.Lease <= 0 {
 				err = errors.New("want a positive duration")
 			}
 		case "max_batch", "chain":

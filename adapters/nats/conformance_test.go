@@ -12,8 +12,8 @@ import (
 
 	kn "github.com/keyorder/keyorder/adapters/nats"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/integration/drivertest"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 var seq atomic.Int64
@@ -53,11 +53,11 @@ const testLease = 2 * time.Second
 // process would).
 type harness struct{ js jetstream.JetStream }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	return drivertest.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	stream := uniqueName("S")
 	if _, err := kn.EnsureStream(ctx, h.js, stream, conformancePartitions); err != nil {
 		return nil, err
@@ -77,7 +77,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	if lease == 0 {
 		lease = testLease
 	}
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			js := connect(t)
@@ -87,7 +87,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 }
 
 func TestConformance(t *testing.T) {
-	integration.Run(t, &harness{js: connect(t)})
+	drivertest.Run(t, &harness{js: connect(t)})
 }
 
 // noCompaction is why a NATS subscription cannot compact as keyorder

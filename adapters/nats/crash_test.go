@@ -11,7 +11,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	kn "github.com/keyorder/keyorder/adapters/nats"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )

@@ -193,6 +193,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		return 0, err
 	}
 	n := 0
+	var done []string // the IDs redriven
 	for _, dm := range dms {
 		h := dm.msg.Headers()
 		dl := deadLetterOf(dm)
@@ -219,6 +220,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return n, fmt.Errorf("nats: redrive %q: delete the dead letter: %w", dl.Message.ID, err)
 		}
 		n++
+		done = append(done, dl.Message.ID)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }

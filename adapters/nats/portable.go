@@ -6,10 +6,10 @@ package nats
 
 import (
 	"context"
-	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -18,28 +18,12 @@ import (
 // EnsureStream) over js, the caller's JetStream context (its connection
 // stays the caller's). cfg configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, js jetstream.JetStream, stream string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, js, stream, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, js, stream, opts))
 }
 
 // OpenSubscription returns a Subscriber of subscription sub on the
 // keyorder stream over js. It takes its share of the partitions when it
 // first receives. cfg configures the Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, js jetstream.JetStream, stream, sub string, opts *SubscriptionOptions, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-	s, err := openSubscription(ctx, js, stream, sub, opts)
-	if err != nil {
-		return nil, err
-	}
-	ks, err := subscribe.New(s, cfg)
-	if err != nil {
-		return nil, errors.Join(err, s.Close())
-	}
-	return ks, nil
+	return driverkit.Portable(subscribe.New, cfg)(openSubscription(ctx, js, stream, sub, opts))
 }

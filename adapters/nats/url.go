@@ -99,6 +99,8 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 			if perr == nil && p.partitions > 4096 {
 				perr = errors.New("want at most 4096")
 			}
+		default:
+			perr = errors.New("unknown parameter")
 		}
 		if perr != nil {
 			return nil, driver.BadParam(u, name, perr.Error())

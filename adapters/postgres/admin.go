@@ -276,6 +276,7 @@ RETURNING id, msg_id, coalesce(msg_key, ''), payload, headers::text, published_a
 
 func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, error) {
 	var n int
+	var done []string // the IDs redriven
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, s.sql(sqlRedrive), info.id, ids)
 		if err != nil {
@@ -311,6 +312,9 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 			ms[i] = &m
 		}
 		n = len(ms)
+		for _, m := range ms {
+			done = append(done, m.ID)
+		}
 		if n == 0 {
 			return nil
 		}
@@ -319,7 +323,7 @@ func (s *store) redrive(ctx context.Context, info *subInfo, ids []string) (int, 
 	if err != nil {
 		return 0, fmt.Errorf("postgres: redrive: %w", err)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 func (s *store) heldKeys(ctx context.Context, subID int32, limit int) ([]keyorder.HeldKey, error) {

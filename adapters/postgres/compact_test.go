@@ -22,7 +22,7 @@ import (
 // use) with the given lease.
 func (e *env) compactSub(topic string, ordering policy.Ordering, lease time.Duration) *postgres.Subscription {
 	e.t.Helper()
-	o := e.opts(&postgres.Options{Create: true, LeaseDuration: lease,
+	o := e.opts(&postgres.Options{Create: true, Lease: lease,
 		Subscription: &postgres.SubscriptionOptions{Ordering: ordering, Compaction: true}})
 	s, err := postgres.OpenSubscriptionDriver(context.Background(), e.pool, topic, "sub", o)
 	if err != nil {
@@ -588,7 +588,7 @@ func TestCompactProcessKilled(t *testing.T) {
 	}
 	send(t, tp, msg("A", "a4"), msg("A", "a5"))
 	h.kill()
-	o := e.opts(&postgres.Options{LeaseDuration: 2 * time.Second})
+	o := e.opts(&postgres.Options{Lease: 2 * time.Second})
 	s, err := postgres.OpenSubscriptionDriver(ctx, e.pool, "t", "s", o)
 	if err != nil {
 		t.Fatal(err)

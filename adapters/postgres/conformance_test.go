@@ -8,7 +8,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
+	"github.com/keyorder/keyorder/integration/drivertest"
 )
 
 // harness runs the conformance suite on one schema of the test server: each
@@ -19,8 +19,8 @@ type harness struct {
 	n     atomic.Int64
 }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	c := integration.Capabilities{Compaction: true}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	c := drivertest.Capabilities{Compaction: true}
 	if h.chain > 1 {
 		c.Unsupported = map[string]string{
 			"WorkedExample": "a claim that takes a chain (a1 with a2) prefetches the group's successor, so the " +
@@ -31,13 +31,13 @@ func (h *harness) Capabilities() integration.Capabilities {
 	return c
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	name := fmt.Sprintf("c%d", h.n.Add(1))
 	opts := h.e.opts(&postgres.Options{
-		Create:        true,
-		LeaseDuration: max(spec.LeaseDuration, postgres.LeaseDurationMin),
-		ChainLength:   h.chain,
-		Subscription:  &postgres.SubscriptionOptions{Ordering: spec.Ordering, Compaction: spec.Compaction},
+		Create:       true,
+		Lease:        max(spec.LeaseDuration, postgres.LeaseDurationMin),
+		ChainLength:  h.chain,
+		Subscription: &postgres.SubscriptionOptions{Ordering: spec.Ordering, Compaction: spec.Compaction},
 	})
 	tp, err := postgres.OpenTopicDriver(ctx, h.e.pool, name, opts)
 	if err != nil {
@@ -47,7 +47,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 	if err := h.e.admin.CreateSubscription(ctx, name, "sub", opts.Subscription); err != nil {
 		return nil, err
 	}
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: tp,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			s, err := postgres.OpenSubscriptionDriver(ctx, h.e.pool, name, "sub", opts)
@@ -60,9 +60,9 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 }
 
 func TestConformance(t *testing.T) {
-	integration.Run(t, &harness{e: newEnv(t), chain: postgres.ChainLengthDefault})
+	drivertest.Run(t, &harness{e: newEnv(t), chain: postgres.ChainLengthDefault})
 }
 
 func TestConformanceNoChains(t *testing.T) {
-	integration.Run(t, &harness{e: newEnv(t), chain: 1})
+	drivertest.Run(t, &harness{e: newEnv(t), chain: 1})
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/postgres"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -24,7 +24,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		return nil, err
 	}
 	return postgres.OpenSubscription(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: time.Second, PollInterval: 50 * time.Millisecond,
 	}, p.Config)
 }
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
 

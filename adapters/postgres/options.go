@@ -50,8 +50,9 @@ type Options struct {
 	// LeaseDurationMin. Defaults to LeaseDurationDefault. URL: lease.
 	Lease time.Duration
 	// LeaseDuration is the older name of Lease, read when Lease is not set (Lease
-	// wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	LeaseDuration time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault. URL: max_batch.

@@ -7,12 +7,12 @@ package postgres
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -23,15 +23,7 @@ import (
 // stays the caller's: closing the Publisher does not close it. cfg
 // configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Options, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, pool, topic, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, pool, topic, opts))
 }
 
 // OpenSubscription returns a Subscriber of subscription sub of topic, on
@@ -42,15 +34,7 @@ func OpenTopic(ctx context.Context, pool *pgxpool.Pool, topic string, opts *Opti
 // subscription holds one extra connection outside the pool for LISTEN. cfg
 // configures the Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string, opts *Options, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-	su, err := openSubscription(ctx, pool, topic, sub, opts)
-	if err != nil {
-		return nil, err
-	}
-	s, err := subscribe.New(su, cfg)
-	if err != nil {
-		return nil, errors.Join(err, su.Close())
-	}
-	return s, nil
+	return driverkit.Portable(subscribe.New, cfg)(openSubscription(ctx, pool, topic, sub, opts))
 }
 
 // Outbox publishes to a topic inside the application's own transactions

@@ -46,12 +46,12 @@ func TestMigrateIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 3})
-	if err != nil || res.Version != 1 || len(res.Applied) != 3 {
+	res, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 4})
+	if err != nil || res.Version != 1 || len(res.Applied) != 4 {
 		t.Fatalf("down: %+v %v", res, err)
 	}
 	res, err = postgres.Migrate(ctx, e.pool, postgres.DirectionUp, &postgres.MigrateOptions{Schema: e.schema})
-	if err != nil || res.Version != 4 {
+	if err != nil || res.Version != 5 {
 		t.Fatalf("up again: %+v %v", res, err)
 	}
 }
@@ -230,7 +230,7 @@ func TestNotBeforeHoldsKey(t *testing.T) {
 func TestLeaseExpiry(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	opts := &postgres.Options{LeaseDuration: time.Second, ChainLength: 1}
+	opts := &postgres.Options{Lease: time.Second, ChainLength: 1}
 	s1 := e.sub("t", "s", policy.Ordered, opts)
 	s2 := e.sub("t", "s", policy.Ordered, opts)
 	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))

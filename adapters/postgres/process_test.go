@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
@@ -9,11 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,33 +18,25 @@ import (
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/postgres"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/internal/proctest"
+	"github.com/keyorder/keyorder/integration/proctest"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
-// The failure tests run consumers as real processes: the test binary
-// re-executed with KEYORDER_PG_HELPER set runs helperConsumer instead of the
-// tests, so a SIGKILL hits a process holding leases, as a crash would.
+// The failure tests run consumers as real processes (proctest's helpers):
+// the test binary re-executed as helper "consumer" or "stack" runs
+// helperConsumer or helperStack instead of the tests, so a SIGKILL hits a
+// process holding leases, as a crash would.
 
 func TestMain(m *testing.M) {
 	proctest.Main(openCrashConsumer)
-	switch os.Getenv("KEYORDER_PG_HELPER") {
-	case "":
-	case "stack":
-		os.Exit(helperStack())
-	case "ledger":
-		os.Exit(helperLedger())
-	default:
-		os.Exit(helperConsumer())
-	}
+	proctest.Helpers(map[string]func() int{"consumer": helperConsumer, "stack": helperStack, "ledger": helperLedger})
 	os.Exit(m.Run())
 }
 
 // helperConsumer consumes a subscription until killed. For each message it
 // appends "start key id attempt unixnano" and "end key id attempt unixnano
-// ok|fail" lines to KEYORDER_PG_RECORDS (one write per line, so a kill
-// leaves whole lines). It fails a message (Nack) with probability
+// ok|fail" lines to its records (proctest.Records). It fails a message (Nack) with probability
 // KEYORDER_PG_FAIL and blocks forever in the handler of message
 // KEYORDER_PG_HANG.
 func helperConsumer() int {
@@ -60,20 +48,19 @@ func helperConsumer() int {
 	}
 	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
 	s, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: lease, PollInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	rec, err := os.OpenFile(os.Getenv("KEYORDER_PG_RECORDS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	write, err := proctest.Records()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	failP, _ := strconv.ParseFloat(os.Getenv("KEYORDER_PG_FAIL"), 64)
 	hang := os.Getenv("KEYORDER_PG_HANG")
-	write := func(format string, args ...any) { _, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n") }
 	for {
 		ms, err := s.Receive(ctx, 20)
 		if err != nil {
@@ -126,18 +113,17 @@ func helperStack() int {
 	}
 	lease, _ := time.ParseDuration(os.Getenv("KEYORDER_PG_LEASE"))
 	drv, err := postgres.OpenSubscriptionDriver(ctx, pool, os.Getenv("KEYORDER_PG_TOPIC"), "s", &postgres.Options{
-		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), LeaseDuration: lease, PollInterval: 50 * time.Millisecond,
+		Schema: os.Getenv("KEYORDER_PG_SCHEMA"), Lease: lease, PollInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	rec, err := os.OpenFile(os.Getenv("KEYORDER_PG_RECORDS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	write, err := proctest.Records()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	write := func(format string, args ...any) { _, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n") }
 	hang := os.Getenv("KEYORDER_PG_HANG")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sub, err := subscribe.New(drv, &subscribe.Config{Workers: 1, MaxOutstanding: 100, Logger: quiet})
@@ -157,38 +143,23 @@ func helperStack() int {
 	return 2
 }
 
-type helper struct {
-	cmd     *exec.Cmd
-	records string
-}
+type helper struct{ *proctest.Proc }
 
 func startHelper(t *testing.T, e *env, topic string, lease time.Duration, failP float64, hang string) *helper {
-	return startHelperKind(t, e, "1", topic, lease, failP, hang)
+	return startHelperKind(t, e, "consumer", topic, lease, failP, hang)
 }
 
-// startHelperKind starts helperConsumer (kind "1") or helperStack
+// startHelperKind starts helperConsumer (kind "consumer") or helperStack
 // (kind "stack").
 func startHelperKind(t *testing.T, e *env, kind, topic string, lease time.Duration, failP float64, hang string) *helper {
 	t.Helper()
-	records := fmt.Sprintf("%s/records-%d", t.TempDir(), rand.Uint32())
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		"KEYORDER_PG_HELPER="+kind, "KEYORDER_PG_URL="+e.url, "KEYORDER_PG_SCHEMA="+e.schema,
-		"KEYORDER_PG_TOPIC="+topic, "KEYORDER_PG_LEASE="+lease.String(), "KEYORDER_PG_RECORDS="+records,
-		fmt.Sprintf("KEYORDER_PG_FAIL=%g", failP), "KEYORDER_PG_HANG="+hang)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h := &helper{cmd: cmd, records: records}
-	t.Cleanup(h.kill)
-	return h
+	return &helper{proctest.Start(t, kind,
+		"KEYORDER_PG_URL="+e.url, "KEYORDER_PG_SCHEMA="+e.schema,
+		"KEYORDER_PG_TOPIC="+topic, "KEYORDER_PG_LEASE="+lease.String(),
+		fmt.Sprintf("KEYORDER_PG_FAIL=%g", failP), "KEYORDER_PG_HANG="+hang)}
 }
 
-func (h *helper) kill() {
-	_ = h.cmd.Process.Signal(syscall.SIGKILL)
-	_, _ = h.cmd.Process.Wait()
-}
+func (h *helper) kill() { h.Kill() }
 
 type record struct {
 	start   bool
@@ -201,18 +172,8 @@ type record struct {
 
 func (h *helper) read(t *testing.T, proc int) []record {
 	t.Helper()
-	f, err := os.Open(h.records)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var out []record
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
+	for _, fs := range h.Lines(t) {
 		if len(fs) < 5 {
 			continue
 		}
@@ -225,19 +186,7 @@ func (h *helper) read(t *testing.T, proc int) []record {
 	return out
 }
 
-// waitUntil polls cond every 20ms until it holds or d passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
+var waitUntil = proctest.WaitUntil
 
 // A consumer process killed with SIGKILL in the middle of a handler: its
 // lease expires and the same message is redelivered, as a counted attempt,
@@ -415,7 +364,7 @@ func TestLostLeaseAfterNack(t *testing.T) {
 		t.Run(tc.ordering.String(), func(t *testing.T) {
 			e := newEnv(t)
 			tp := e.topic("t", nil)
-			lease := &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond}
+			lease := &postgres.Options{Lease: time.Second, PollInterval: 50 * time.Millisecond}
 			crashed := e.sub("t", "s", tc.ordering, lease)
 			sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 			ctx := ctxT(t, 30*time.Second)

@@ -117,7 +117,7 @@ func TestPostgresRestartMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	opts := &postgres.Options{Migrate: true, Create: true, LeaseDuration: 2 * time.Second, PollInterval: 100 * time.Millisecond,
+	opts := &postgres.Options{Migrate: true, Create: true, Lease: 2 * time.Second, PollInterval: 100 * time.Millisecond,
 		Subscription: &postgres.SubscriptionOptions{Ordering: policy.Ordered}}
 	tp, err := postgres.OpenTopicDriver(ctx, pool, "t", opts)
 	if err != nil {

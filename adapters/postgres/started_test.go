@@ -35,7 +35,7 @@ func attemptsOf(ms []*driver.Message) []string {
 func TestLostLeaseUnmarked(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	s := e.sub("t", "s", policy.Ordered, &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond})
+	s := e.sub("t", "s", policy.Ordered, &postgres.Options{Lease: time.Second, PollInterval: 50 * time.Millisecond})
 	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"))
 	ctx := ctxT(t, 60*time.Second)
 	marked := func() bool {
@@ -78,7 +78,7 @@ func TestLostLeaseUnmarked(t *testing.T) {
 func TestLostLeaseBatchStarted(t *testing.T) {
 	e := newEnv(t)
 	tp := e.topic("t", nil)
-	lease := &postgres.Options{LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond}
+	lease := &postgres.Options{Lease: time.Second, PollInterval: 50 * time.Millisecond}
 	crashed := e.sub("t", "s", policy.Ordered, lease)
 	sendBatch(t, tp, msg("A", "a1"), msg("A", "a2"), msg("A", "a3"))
 	ctx := ctxT(t, 30*time.Second)
@@ -135,7 +135,7 @@ func TestProcessKilledHoldingUnstartedHead(t *testing.T) {
 	}
 
 	drv, err := postgres.OpenSubscriptionDriver(ctx, e.pool, "t", "s",
-		e.opts(&postgres.Options{LeaseDuration: 2 * time.Second, PollInterval: 50 * time.Millisecond}))
+		e.opts(&postgres.Options{Lease: 2 * time.Second, PollInterval: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,7 +162,7 @@ func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 		claimDirect: s.sql(sqlClaimDirect),
 		nackDirect:  s.sql(sqlNackDirect),
 		release:     s.sql(strings.ReplaceAll(sqlRelease, "{{next}}", next)),
-		lease:       o.LeaseDuration,
+		lease:       o.Lease,
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),
 	}

@@ -167,7 +167,7 @@ func TestHandleTxKilledEvery2To4s(t *testing.T) {
 			return nil
 		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "KEYORDER_PG_HELPER=ledger", "KEYORDER_PG_URL="+e.url,
+		cmd.Env = append(os.Environ(), "KEYORDER_PROCTEST=helper:ledger", "KEYORDER_PG_URL="+e.url,
 			"KEYORDER_PG_SCHEMA="+e.schema, "KEYORDER_PG_TOPIC=t")
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {

@@ -154,7 +154,7 @@ func (o *URLOpener) parse(u *url.URL) (opts *Options, topic, sub, conn string, e
 		case "compact":
 			so.Compaction, perr = strconv.ParseBool(v)
 		case "lease":
-			c.LeaseDuration, perr = time.ParseDuration(v)
+			c.Lease, perr = time.ParseDuration(v)
 		case "max_batch":
 			c.MaxBatch, perr = strconv.Atoi(v)
 		case "chain":

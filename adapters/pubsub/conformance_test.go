@@ -16,8 +16,8 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/pubsub"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/integration/drivertest"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 const project = "keyorder-test"
@@ -36,20 +36,20 @@ func uniqueID(prefix string) string {
 	return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano(), seq.Add(1))
 }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: unsupportedWith(h.unsupported)}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	return drivertest.Capabilities{Unit: 250 * time.Millisecond, Unsupported: unsupportedWith(h.unsupported)}
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	return makePair(ctx, t, h.client, spec)
 }
 
-func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec integration.Spec) (*integration.Pair, error) {
+func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec drivertest.Spec) (*drivertest.Pair, error) {
 	topicID, subID := uniqueID("t"), uniqueID("s")
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		return nil, err
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: spec.Ordering, AckDeadline: spec.LeaseDuration}
+	opts := &pubsub.SubscriptionOptions{Ordering: spec.Ordering, Lease: spec.LeaseDuration}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		return nil, err
 	}
@@ -59,7 +59,7 @@ func makePair(ctx context.Context, t *testing.T, client *gpubsub.Client, spec in
 		return nil, err
 	}
 	t.Cleanup(func() { topic.Close() })
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return pubsub.OpenSubscriptionDriver(ctx, client, subID, opts)
@@ -120,7 +120,7 @@ func pstestClientFromEnv(t *testing.T) *gpubsub.Client {
 }
 
 func TestConformanceEmulator(t *testing.T) {
-	integration.Run(t, &harness{client: emulatorClient(t), unsupported: map[string]string{
+	drivertest.Run(t, &harness{client: emulatorClient(t), unsupported: map[string]string{
 		"ShutdownMidStreamLosesNothing": "Google's emulator (0.8.20) queues a released (nacked) or expired message for " +
 			"redelivery behind its key's messages not delivered yet (measured: publish a1..a4 on one key, pull a1 a2, " +
 			"nack both: the next pull returns a3 a4 a2 a1), so a message the first subscriber returns at shutdown " +
@@ -139,7 +139,7 @@ func TestConformanceEmulator(t *testing.T) {
 }
 
 func TestConformancePstest(t *testing.T) {
-	integration.Run(t, &harness{client: pstestClient(t), unsupported: map[string]string{
+	drivertest.Run(t, &harness{client: pstestClient(t), unsupported: map[string]string{
 		"ExclusiveAllowsOvertaking": "pstest hands out only the oldest unacknowledged message of an ordering key " +
 			"(its Pull and StreamingPull deliver a key's head and nothing behind it until it is acknowledged), " +
 			"so 102 cannot arrive while 101 waits in process for its retry: on pstest Exclusive behaves as Ordered, " +

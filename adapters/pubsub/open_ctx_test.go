@@ -3,12 +3,12 @@ package pubsub_test
 import (
 	"testing"
 
-	"github.com/keyorder/keyorder/internal/opentest"
+	"github.com/keyorder/keyorder/integration/drivertest"
 )
 
 // TestOpenHonoursContext: opening against an emulator that hangs returns
 // when the context ends.
 func TestOpenHonoursContext(t *testing.T) {
-	t.Setenv("PUBSUB_EMULATOR_HOST", opentest.Blackhole(t))
-	opentest.CheckOpenHonoursContext(t, "pubsub://p/t", "pubsub://p/t?subscription=s")
+	t.Setenv("PUBSUB_EMULATOR_HOST", drivertest.Blackhole(t))
+	drivertest.CheckOpenHonoursContext(t, "pubsub://p/t", "pubsub://p/t?subscription=s")
 }

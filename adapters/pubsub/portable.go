@@ -11,6 +11,7 @@ import (
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
 
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -20,15 +21,7 @@ import (
 // CreateTopic); the client stays the caller's. cfg configures the Publisher
 // (nil: defaults).
 func OpenTopic(ctx context.Context, client *gpubsub.Client, topicID string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, client, topicID, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, client, topicID, opts))
 }
 
 // OpenSubscription returns a Subscriber of the existing subscription subID
@@ -39,7 +32,7 @@ func OpenSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 	if err != nil {
 		return nil, err
 	}
-	ks, err := subscribe.New(s, cfg)
+	ks, err := subscribe.New(s.portable(), cfg)
 	if err != nil {
 		return nil, errors.Join(err, s.Close())
 	}

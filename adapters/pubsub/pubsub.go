@@ -122,6 +122,34 @@
 // though under Ordered only the first can have been running: the others
 // arrive with an Attempt one higher than their runs (driver.Message.Attempt
 // counts runs; the driver cannot tell which one ran).
+//
+// # Crashes and the start store
+//
+// Both gaps above close with a record of which handlers started, kept
+// outside the service: give every consumer of the subscription the same
+// driver.StartStore (SubscriptionOptions.StartStore; postgres.NewStartStore
+// keeps one in PostgreSQL) and the subscription implements
+// driver.StartRecorder. Message.Attempt of a redelivered message is then
+// the runs the store recorded for it (in-process retries included), plus
+// one; a crash charges only the messages whose handler started (one
+// running beside the message that killed the process is charged too). The
+// store is keyed by the subscription's full name and the Pub/Sub message
+// ID, so a redriven copy starts from no record. It needs the delivery
+// attempt, which Pub/Sub sets on subscriptions with a dead-letter policy
+// (CreateSubscription sets one).
+//
+// What it costs: a first delivery reads nothing; a start is written 100 ms
+// after the handler started, and not at all when the message is
+// acknowledged before then, so fast handlers that succeed cost the store
+// nothing. A message retried in process has its runs written, a returned
+// one before Return hands it back, a settled one's record is deleted
+// (batched), and a message delivered more often than its record explains
+// (it may have run unrecorded before a crash) is recorded before its
+// handler starts: a message that kills every process running it is
+// dead-lettered within MaxAttempts+1 runs. While the store cannot be read,
+// attempts are counted from deliveries less one; a write that fails leaves
+// a run uncounted. Neither loses a message or changes order: the store only
+// moves attempt counts. URLs cannot name a store.
 package pubsub
 
 import (
@@ -188,7 +216,7 @@ const (
 
 // Defaults for SubscriptionOptions.
 const (
-	// AckDeadlineDefault is SubscriptionOptions.AckDeadline's default.
+	// AckDeadlineDefault is SubscriptionOptions.Lease's default.
 	AckDeadlineDefault = 30 * time.Second
 	// MaxBatchDefault is SubscriptionOptions.MaxBatch's default.
 	MaxBatchDefault = 100
@@ -233,8 +261,9 @@ type SubscriptionOptions struct {
 	// seconds within [MinAckDeadline, MaxAckDeadline].
 	Lease time.Duration
 	// AckDeadline is the older name of Lease, read when Lease is not set (Lease
-	// wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	AckDeadline time.Duration
 	// MaxBatch is the most messages one Receive returns. Defaults to
 	// MaxBatchDefault.
@@ -248,6 +277,16 @@ type SubscriptionOptions struct {
 	// attribute it cannot parse, a dead letter it could not hand back
 	// after listing). Defaults to slog.Default().
 	Logger *slog.Logger
+	// StartStore, when set, records which messages' handlers started, so
+	// that a crash counts an attempt only against the messages that ran
+	// (the subscription then implements driver.StartRecorder): Pub/Sub
+	// counts every delivery, and without a store a few crashes can
+	// dead-letter messages that were received but never ran (see "Crashes
+	// and the start store" in the package documentation). Every consumer of
+	// the subscription must be given the same store
+	// (postgres.NewStartStore). Nil (the default) counts deliveries as
+	// before. URLs cannot name one.
+	StartStore driver.StartStore
 }
 
 func (o *SubscriptionOptions) withDefaults() SubscriptionOptions {
@@ -340,7 +379,7 @@ func CreateSubscription(ctx context.Context, client *gpubsub.Client, topicID, su
 	_, err := client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
 		Name:                  name,
 		Topic:                 topicName(project, topicID),
-		AckDeadlineSeconds:    int32(o.AckDeadline / time.Second),
+		AckDeadlineSeconds:    int32(o.Lease / time.Second),
 		EnableMessageOrdering: o.Ordering.Keyed(),
 		Labels:                map[string]string{LabelOrdering: o.Ordering.String()},
 		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{
@@ -530,8 +569,8 @@ func parseSubscriptionURL(u *url.URL) (project, topic, sub string, opts Subscrip
 		case "ordering":
 			opts.Ordering, perr = policy.ParseOrdering(v)
 		case "lease":
-			opts.AckDeadline, perr = time.ParseDuration(v)
-			if perr == nil && (opts.AckDeadline < MinAckDeadline || opts.AckDeadline > MaxAckDeadline) {
+			opts.Lease, perr = time.ParseDuration(v)
+			if perr == nil && (opts.Lease < MinAckDeadline || opts.Lease > MaxAckDeadline) {
 				perr = fmt.Errorf("want a duration from %v to %v", MinAckDeadline, MaxAckDeadline)
 			}
 		case "max_batch", "max_attempts":
@@ -597,7 +636,7 @@ func (o *URLOpener) openSubscriptionURL(ctx context.Context, u *url.URL) (driver
 		return nil, err
 	}
 	s.ownClient = true
-	return s, nil
+	return s.portable(), nil
 }
 
 // ErrorCode classifies the errors of the opener (driver.ErrorCoder).

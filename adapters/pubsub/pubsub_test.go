@@ -112,7 +112,7 @@ func rawSetup(t *testing.T) (*pstest.Server, *pubsub.Topic, *pubsub.Subscription
 	if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: pubsub.MinAckDeadline}
+	opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: pubsub.MinAckDeadline}
 	if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}

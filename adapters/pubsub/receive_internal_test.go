@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -95,7 +95,7 @@ func receiveSetup(t *testing.T, client *gpubsub.Client) (*Subscription, func(ids
 	if err := CreateTopic(ctx, client, topicID); err != nil {
 		t.Fatal(err)
 	}
-	opts := &SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: 60 * time.Second}
+	opts := &SubscriptionOptions{Ordering: policy.Ordered, Lease: 60 * time.Second}
 	if err := CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestReturnKeepsDelay(t *testing.T) {
 			if err := pubsub.CreateTopic(ctx, client, topicID); err != nil {
 				t.Fatal(err)
 			}
-			opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, AckDeadline: pubsub.MinAckDeadline}
+			opts := &pubsub.SubscriptionOptions{Ordering: policy.Ordered, Lease: pubsub.MinAckDeadline}
 			if err := pubsub.CreateSubscription(ctx, client, topicID, subID, opts); err != nil {
 				t.Fatal(err)
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -42,6 +43,10 @@ type subscriptionDriver struct {
 	closing  <-chan struct{}
 	inflight sync.WaitGroup // Pulls in flight (and their hand-back after Close)
 
+	// starts records handler starts (SubscriptionOptions.StartStore);
+	// nil without a store.
+	starts *driverkit.StartLog
+
 	mu       sync.Mutex
 	closed   bool
 	deadPub  *gpubsub.Publisher // DeadLetter
@@ -61,6 +66,8 @@ type delivery struct {
 	// deadline is the latest time the lease is known to hold: when the
 	// Pull (or ModifyAckDeadline) request was sent plus the deadline.
 	deadline time.Time
+	// mark is the start record, with a start store.
+	mark *driverkit.StartMark
 }
 
 // openSubscription returns a consuming driver for the existing subscription
@@ -80,7 +87,12 @@ func openSubscription(ctx context.Context, client *gpubsub.Client, subID string,
 	}
 	project := client.Project()
 	life, stop := context.WithCancel(context.Background())
+	var starts *driverkit.StartLog
+	if o.StartStore != nil {
+		starts = driverkit.NewStartLog(o.StartStore, name, o.Logger, 0)
+	}
 	return &subscriptionDriver{
+		starts:    starts,
 		life:      life,
 		stop:      stop,
 		closing:   life.Done(),
@@ -207,6 +219,9 @@ func (s *subscriptionDriver) pullOnce(ctx context.Context, maxMessages int) ([]*
 			out = append(out, s.fromPubSub(rm, sent, answered))
 		}
 		slices.SortStableFunc(out, func(a, b *driver.Message) int { return a.PublishTime.Compare(b.PublishTime) })
+		if s.starts != nil {
+			s.resolveRuns(ctx, out)
+		}
 	}
 	if s.isClosed() {
 		if len(out) > 0 {
@@ -281,6 +296,9 @@ func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answ
 	m.AckID = &delivery{ackID: rm.AckId, deadline: leased.Add(s.lease)}
 	m.Attempt = max(int(rm.DeliveryAttempt), 1)
 	m.Copy = pm.GetMessageId() // a redrive publishes a new message
+	if s.starts != nil {
+		m.AckID.(*delivery).mark = &driverkit.StartMark{ID: pm.GetMessageId(), Earlier: int(rm.DeliveryAttempt) - 1}
+	}
 	return m
 }
 
@@ -346,6 +364,7 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 			return err
 		}
 	}
+	s.settled(ms)
 	return nil
 }
 
@@ -353,6 +372,7 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 // package never asks Pub/Sub to redeliver a failed message. It returns the
 // message at once regardless of delay (ModifyAckDeadline 0), as Release does.
 func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay time.Duration) error {
+	s.flushRuns(ctx, m)
 	return s.Release(ctx, []*driver.Message{m})
 }
 
@@ -383,6 +403,7 @@ func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) e
 			d += time.Second - rem
 		}
 		d = min(max(d, 0), MaxAckDeadline)
+		s.flushRuns(ctx, r.Message)
 		if err := s.modify(ctx, []*driver.Message{r.Message}, d); err != nil {
 			errs = append(errs, fmt.Errorf("pubsub: return %s: %w", r.Message.ID, err))
 		}
@@ -540,6 +561,9 @@ func (s *subscriptionDriver) Close() error {
 	// handed back before the client closes.
 	s.stop()
 	s.inflight.Wait()
+	if s.starts != nil {
+		s.starts.Close()
+	}
 	if dead != nil {
 		dead.Stop()
 		topic.Stop()
@@ -683,6 +707,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		return 0, err
 	}
 	n := 0
+	var done []string // the IDs redriven
 	for i, rm := range rms {
 		dl := s.deadLetterOf(rm)
 		if !slices.Contains(ids, dl.Message.ID) {
@@ -704,8 +729,9 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return n + 1, fmt.Errorf("pubsub: redrive %q: remove dead letter: %w", m.ID, err)
 		}
 		n++
+		done = append(done, m.ID)
 	}
-	return n, nil
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Name returns the subscription's ID (driver.Namer).

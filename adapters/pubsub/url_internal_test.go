@@ -85,7 +85,7 @@ func TestURLSpellings(t *testing.T) {
 	}
 	oldO, err1 := parse("ackdeadline=20s&maxbatch=7&maxdeliveryattempts=9")
 	newO, err2 := parse("lease=20s&max_batch=7&max_attempts=9")
-	if err1 != nil || err2 != nil || oldO != newO || newO.AckDeadline != 20*time.Second || newO.MaxBatch != 7 || newO.MaxDeliveryAttempts != 9 {
+	if err1 != nil || err2 != nil || oldO != newO || newO.Lease != 20*time.Second || newO.MaxBatch != 7 || newO.MaxDeliveryAttempts != 9 {
 		t.Errorf("old %+v %v, new %+v %v; want the same, 20s, 7 and 9", oldO, err1, newO, err2)
 	}
 	if newO.Ordering != policy.Ordered {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/pulsar"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/integration/drivertest"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 var seq atomic.Int64
@@ -45,11 +45,11 @@ func newClient(t testing.TB) gopulsar.Client {
 // process would).
 type harness struct{ client gopulsar.Client }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	return drivertest.Capabilities{Unit: 250 * time.Millisecond, Unsupported: map[string]string{"CompactionDeliversNewest": noCompaction}}
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	topicName := uniqueTopic("t")
 	opts := &pulsar.SubscriptionOptions{
 		Ordering: spec.Ordering, Lease: spec.LeaseDuration,
@@ -60,7 +60,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 		return nil, err
 	}
 	t.Cleanup(func() { topic.Close() })
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			c := newClient(t)
@@ -70,7 +70,7 @@ func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.S
 }
 
 func TestConformance(t *testing.T) {
-	integration.Run(t, &harness{client: newClient(t)})
+	drivertest.Run(t, &harness{client: newClient(t)})
 }
 
 // noCompaction is why a Pulsar subscription cannot compact as keyorder means it.

@@ -26,7 +26,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/adapters/pulsar"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// poisonConsumer is one consumer process: it prints "run ID ATTEMPT" before
+// poisonConsumer is one consumer process: it prints "run ID ATTEMPT PAYLOAD" before
 // each handler and "done KEY PAYLOAD ATTEMPT" after each handler that
 // succeeds, and exits with poisonExit when it handles the message whose
 // payload is "poison", as a segfault or an OOM kill would end it.
@@ -82,7 +82,7 @@ func poisonConsumer(topic, sub string) int {
 		out.Unlock()
 	}
 	err = s.Run(ctx, func(ctx context.Context, d *keyorder.Delivery) error {
-		say("run %s %d", d.ID, d.Attempt)
+		say("run %s %d %s", d.ID, d.Attempt, d.Payload)
 		if string(d.Payload) == "poison" {
 			out.Lock() // nothing printed after this
 			os.Exit(poisonExit)
@@ -107,7 +107,7 @@ func (p *poisonRun) line(poisonID, s string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case len(f) == 3 && f[0] == "run" && f[1] == poisonID:
+	case len(f) >= 3 && f[0] == "run" && f[1] == poisonID:
 		n, _ := strconv.Atoi(f[2])
 		p.attempts = append(p.attempts, n)
 	case len(f) == 4 && f[0] == "done":
@@ -185,6 +185,12 @@ func TestPoisonKillingItsProcessIsDeadLettered(t *testing.T) {
 
 	run := &poisonRun{done: map[string][]string{}, seen: map[string]bool{}, exits: map[string]int{}}
 	logs := t.TempDir()
+	if dir := os.Getenv("KEYORDER_TEST_LOGDIR"); dir != "" { // kept after the run
+		logs, err = os.MkdirTemp(dir, t.Name()+"-")
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var procMu sync.Mutex
@@ -214,10 +220,17 @@ func TestPoisonKillingItsProcessIsDeadLettered(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				out, err := os.Create(filepath.Join(logs, fmt.Sprintf("consumer-%d-%d.out", slot, n)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
 				sc := bufio.NewScanner(stdout)
 				for sc.Scan() {
+					fmt.Fprintln(out, time.Now().Format("15:04:05.000"), sc.Text())
 					run.line(poisonID, sc.Text())
 				}
+				out.Close()
 				io.Copy(io.Discard, stdout)
 				err = cmd.Wait()
 				stderr.Close()

@@ -7,10 +7,10 @@ package pulsar
 
 import (
 	"context"
-	"errors"
 
 	"github.com/apache/pulsar-client-go/pulsar"
 
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -19,28 +19,12 @@ import (
 // public/default): one producer. The client stays the caller's. cfg
 // configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, client pulsar.Client, topic string, opts *TopicOptions, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, client, topic, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, client, topic, opts))
 }
 
 // OpenSubscription returns a Subscriber of subscription sub of topic
 // (created if missing, Key_Shared): one consumer. The client stays the
 // caller's. cfg configures the Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, client pulsar.Client, topic, sub string, opts *SubscriptionOptions, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-	s, err := openSubscription(ctx, client, topic, sub, opts)
-	if err != nil {
-		return nil, err
-	}
-	ks, err := subscribe.New(s, cfg)
-	if err != nil {
-		return nil, errors.Join(err, s.Close())
-	}
-	return ks, nil
+	return driverkit.Portable(subscribe.New, cfg)(openSubscription(ctx, client, topic, sub, opts))
 }

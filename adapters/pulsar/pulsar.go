@@ -120,6 +120,12 @@
 //     it afterwards, and reads it to its end again before it hands over a
 //     suspect message. A delivery's Attempt is one more than the larger of
 //     the broker's RedeliveryCount and the record's runs.
+//   - A message whose record says it was running when its consumer went
+//     away (it may be what killed that process) is handed out alone: once
+//     nothing else this consumer received is in flight, and nothing more
+//     until it is settled. A message that kills every process it runs in
+//     thus charges no run to the messages beside it, which would otherwise
+//     reach their attempt limit unrun.
 //   - Return (driver.Returner, at a graceful stop) writes the attempts a
 //     message used and its retry time: the next delivery carries both
 //     (Attempt, and NotBefore, which holds its key in process until then).

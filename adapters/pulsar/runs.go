@@ -58,6 +58,10 @@ const (
 	PropReceivedTopic = "keyorder-received-topic"
 )
 
+// propReturned marks a record written by Return: the message failed and
+// was given back, it was not running when its consumer went away.
+const propReturned = "keyorder-run-returned"
+
 // receiptPrefix starts the key of a receipt record.
 const receiptPrefix = "~received/"
 
@@ -82,6 +86,7 @@ const tombstone = -1
 type runRecord struct {
 	runs      int
 	notBefore time.Time
+	returned  bool // written by Return
 }
 
 // runLog reads and writes the record topic of one driver.
@@ -101,12 +106,20 @@ type runLog struct {
 	last    *receipt         // this driver's latest receipt write
 	applied pulsar.MessageID // the last record read
 	moved   chan struct{}    // closed (and replaced) when applied moves
-	pending map[*delivery]struct{}
+	// lazy are the starts not recorded yet, in start order: in the
+	// order they become due (writeLoop).
+	lazy []lazyStart
 
 	wake   chan struct{}
 	stop   chan struct{}
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// lazyStart is a handler start whose record waits for runRecordDelay.
+type lazyStart struct {
+	d  *delivery
+	at time.Time
 }
 
 // receiptMark is a consumer's highest position received of one topic.
@@ -139,7 +152,7 @@ func openRunLog(ctx context.Context, s *subscriptionDriver) (*runLog, error) {
 	}
 	l := &runLog{
 		topic: topic, delay: runRecordDelay, prod: prod, reader: reader, s: s,
-		records: map[string]runRecord{}, moved: make(chan struct{}), pending: map[*delivery]struct{}{},
+		records: map[string]runRecord{}, moved: make(chan struct{}),
 		recv: map[string]receiptMark{}, sent: map[string]msgPos{}, id: randomID(),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
@@ -177,7 +190,7 @@ func (l *runLog) apply(m pulsar.Message) {
 		if err != nil {
 			break
 		}
-		r := runRecord{runs: n}
+		r := runRecord{runs: n, returned: props[propReturned] != ""}
 		if v := props[PropNotBefore]; v != "" {
 			r.notBefore, _ = time.Parse(time.RFC3339Nano, v)
 		}
@@ -269,13 +282,18 @@ func (l *runLog) lookup(pos string) (runRecord, bool) {
 // send writes a record of d, or its tombstone (runs < 0), without
 // waiting; done (if not nil) gets the result. Called with d.mu held, so
 // that a record and a later tombstone of one delivery reach the topic in
-// that order.
-func (l *runLog) send(d *delivery, runs int, notBefore time.Time, done func(error)) {
+// that order. returned marks a record of Return.
+func (l *runLog) send(d *delivery, runs int, notBefore time.Time, returned bool, done func(error)) {
 	props := map[string]string{PropRuns: strconv.Itoa(runs)}
 	if runs < 0 {
 		props = map[string]string{PropRunDone: "1"}
-	} else if !notBefore.IsZero() {
-		props[PropNotBefore] = notBefore.UTC().Format(time.RFC3339Nano)
+	} else {
+		if !notBefore.IsZero() {
+			props[PropNotBefore] = notBefore.UTC().Format(time.RFC3339Nano)
+		}
+		if returned {
+			props[propReturned] = "1"
+		}
 	}
 	l.prod.SendAsync(context.Background(), &pulsar.ProducerMessage{Key: d.pos, Properties: props},
 		func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
@@ -431,7 +449,7 @@ func (l *runLog) started(ctx context.Context, ds []*delivery) error {
 	}
 	now := time.Now()
 	var wait []chan error
-	anyLazy := false
+	wake := false
 	for _, d := range ds {
 		lazy := false
 		d.mu.Lock()
@@ -441,20 +459,20 @@ func (l *runLog) started(ctx context.Context, ds []*delivery) error {
 			n := d.base + d.runs
 			d.recorded = n
 			ch := make(chan error, 1)
-			l.send(d, n, time.Time{}, func(err error) { ch <- err })
+			l.send(d, n, time.Time{}, false, func(err error) { ch <- err })
 			wait = append(wait, ch)
 		} else {
 			lazy = true
 		}
 		d.mu.Unlock()
 		if lazy {
-			anyLazy = true
 			l.mu.Lock()
-			l.pending[d] = struct{}{}
+			wake = wake || len(l.lazy) == 0 // else writeLoop waits for the first
+			l.lazy = append(l.lazy, lazyStart{d: d, at: now})
 			l.mu.Unlock()
 		}
 	}
-	if anyLazy {
+	if wake {
 		select {
 		case l.wake <- struct{}{}:
 		default:
@@ -476,11 +494,14 @@ func (l *runLog) started(ctx context.Context, ds []*delivery) error {
 }
 
 // writeLoop writes the runs of handlers that have run runRecordDelay and
-// still run, until the log closes.
+// still run (or wait for a retry), until the log closes. The starts are
+// queued in start order, so the loop sleeps until the first is due and
+// never looks at one before then.
 func (l *runLog) writeLoop() {
 	defer l.wg.Done()
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	var due []lazyStart
 	for {
 		select {
 		case <-l.stop:
@@ -489,45 +510,40 @@ func (l *runLog) writeLoop() {
 		case <-t.C:
 		}
 		now := time.Now()
-		next := time.Duration(0)
 		l.mu.Lock()
-		ds := make([]*delivery, 0, len(l.pending))
-		for d := range l.pending {
-			ds = append(ds, d)
+		n := 0
+		for n < len(l.lazy) && !now.Before(l.lazy[n].at.Add(l.delay)) {
+			n++
+		}
+		due = append(due[:0], l.lazy[:n]...)
+		clear(l.lazy[:n])
+		l.lazy = l.lazy[n:]
+		if len(l.lazy) > 0 {
+			t.Reset(l.lazy[0].at.Add(l.delay).Sub(now))
+		} else {
+			l.lazy = nil
 		}
 		l.mu.Unlock()
-		for _, d := range ds {
+		for _, e := range due {
+			d := e.d
 			d.mu.Lock()
-			n := d.base + d.runs
-			switch due := d.startedAt.Add(l.delay); {
-			case d.settled || d.recorded >= n:
-				l.forget(d)
-			case !now.Before(due):
+			// A later start of d (a retry in process) has an entry of
+			// its own.
+			if n := d.base + d.runs; !d.settled && d.recorded < n && !d.startedAt.After(e.at) {
 				d.recorded = n
-				l.send(d, n, time.Time{}, nil)
-				l.forget(d)
-			case next == 0 || due.Sub(now) < next:
-				next = due.Sub(now)
+				l.send(d, n, time.Time{}, false, nil)
 			}
 			d.mu.Unlock()
 		}
-		if next > 0 {
-			t.Reset(next)
-		}
+		clear(due)
 	}
-}
-
-func (l *runLog) forget(d *delivery) {
-	l.mu.Lock()
-	delete(l.pending, d)
-	l.mu.Unlock()
 }
 
 // done writes the tombstone of a settled delivery that has a record.
 func (l *runLog) done(d *delivery) {
 	d.mu.Lock()
 	if d.hadRecord || d.recorded > 0 {
-		l.send(d, tombstone, time.Time{}, nil)
+		l.send(d, tombstone, time.Time{}, false, nil)
 	}
 	d.mu.Unlock()
 }
@@ -542,7 +558,7 @@ func (l *runLog) returned(ctx context.Context, ds []*delivery, rs []driver.Retur
 		d.settled = true
 		n := max(rs[i].Attempts, 0)
 		d.recorded = n
-		l.send(d, n, rs[i].NotBefore, func(err error) { ch <- err })
+		l.send(d, n, rs[i].NotBefore, true, func(err error) { ch <- err })
 		d.mu.Unlock()
 	}
 	for i, ch := range chs {

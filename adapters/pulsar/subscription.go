@@ -119,6 +119,10 @@ type delivery struct {
 	receipt              *receipt // the receipt its start waits for
 	suspect, hadRecord   bool
 	settled              bool
+	// charged: its record says it was running when a consumer went away;
+	// it is handed out alone (see handOut). held (guarded by the
+	// driver's mu): received, not handed out yet.
+	charged, held bool
 }
 
 func (d *delivery) lost() bool {
@@ -148,8 +152,15 @@ type subscriptionDriver struct {
 	deadProd pulsar.Producer // DeadLetter, redrive markers
 	topicPrd pulsar.Producer // Redrive
 	runs     *runLog         // nil with NoRunRecord
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// With the run record: held are the messages received and not
+	// handed out yet, in arrival order; alone is a charged delivery
+	// handed out alone; waiter is closed when a tracked delivery is
+	// forgotten (settled, given back, lost).
+	held   []*driver.Message
+	alone  *delivery
+	waiter chan struct{}
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 var (
@@ -278,7 +289,8 @@ func (s *subscriptionDriver) current() (*generation, error) {
 
 // Receive waits for at least one message or ctx, and returns at most
 // maxMessages of those the client has prefetched, in arrival order (a key's
-// messages arrive in key order).
+// messages arrive in key order). With the run record, a message that was
+// running when a consumer went away is handed out alone (see handOut).
 func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*driver.Message, error) {
 	if maxMessages <= 0 || maxMessages > s.opts.MaxBatch {
 		maxMessages = s.opts.MaxBatch
@@ -287,6 +299,24 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 		g, err := s.current()
 		if err != nil {
 			return nil, err
+		}
+		var gate <-chan struct{}
+		if s.runs != nil {
+			var out []*driver.Message
+			if out, gate = s.handOut(g, maxMessages); len(out) > 0 {
+				return out, nil
+			}
+		}
+		if gate != nil {
+			// A charged message waits for the others in flight, or
+			// runs: nothing more is handed out until a settlement.
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-g.expired:
+			case <-gate:
+			}
+			continue
 		}
 		ch := g.consumer.Chan()
 		var first pulsar.ConsumerMessage
@@ -307,11 +337,95 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 				break more
 			}
 		}
-		if s.runs != nil {
-			s.readRecords(ctx, out)
+		if s.runs == nil {
+			return out, nil
 		}
-		return out, nil
+		s.readRecords(ctx, out)
+		s.mu.Lock()
+		for _, m := range out {
+			m.AckID.(*delivery).held = true
+		}
+		s.held = append(s.held, out...)
+		s.mu.Unlock()
 	}
+}
+
+// handOut takes up to max of the held messages of generation g, in
+// arrival order, and stops before a charged one: a message whose run
+// record says it was running when a consumer went away (it may be what
+// killed that consumer's process). A charged message is handed out alone,
+// once nothing else received here is in flight, and nothing is handed out
+// after it until it is settled: if it kills this process too, no other
+// message is charged a run for it, so a message that kills every process
+// it runs in cannot use up the attempts of the messages beside it. When
+// nothing can be handed out for that reason, gate is closed at the next
+// settlement.
+func (s *subscriptionDriver) handOut(g *generation, max int) (out []*driver.Message, gate <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// A given-up consumer's messages come back through the broker.
+	held := s.held[:0]
+	for _, m := range s.held {
+		if d := m.AckID.(*delivery); d.gen == g {
+			if _, ok := s.tracked[d]; ok {
+				held = append(held, m)
+			}
+		}
+	}
+	clear(s.held[len(held):])
+	s.held = held
+	if len(held) == 0 {
+		return nil, nil
+	}
+	if a := s.alone; a != nil {
+		if _, ok := s.tracked[a]; ok {
+			return nil, s.gateLocked()
+		}
+		s.alone = nil
+	}
+	now := time.Now()
+	take := func(d *delivery) {
+		d.held = false
+		d.mu.Lock()
+		d.deadline = now.Add(s.opts.Lease) // the lease starts now
+		d.mu.Unlock()
+	}
+	n := 0
+	for n < len(held) && len(out) < max {
+		m := held[n]
+		d := m.AckID.(*delivery)
+		if d.charged {
+			if len(out) > 0 || len(s.tracked) > len(held) {
+				break // others in flight
+			}
+			take(d)
+			out = append(out, m)
+			s.alone = d
+			n++
+			break
+		}
+		take(d)
+		out = append(out, m)
+		n++
+	}
+	clear(held[:n])
+	s.held = held[n:]
+	if len(s.held) == 0 {
+		s.held = nil
+	}
+	if len(out) == 0 {
+		return nil, s.gateLocked()
+	}
+	return out, nil
+}
+
+// gateLocked returns the channel closed at the next settlement (s.mu
+// held).
+func (s *subscriptionDriver) gateLocked() <-chan struct{} {
+	if s.waiter == nil {
+		s.waiter = make(chan struct{})
+	}
+	return s.waiter
 }
 
 func (s *subscriptionDriver) track(g *generation, pm pulsar.Message) *driver.Message {
@@ -399,6 +513,7 @@ func (s *subscriptionDriver) readRecords(ctx context.Context, ms []*driver.Messa
 		d.mu.Lock()
 		if ok {
 			d.hadRecord = true
+			d.charged = r.runs > 0 && !r.returned
 			m.Attempt = max(m.Attempt, r.runs+1)
 			if r.notBefore.After(m.NotBefore) {
 				m.NotBefore = r.notBefore
@@ -478,6 +593,10 @@ func (s *subscriptionDriver) forgetLocked(d *delivery) {
 		return
 	}
 	delete(s.tracked, d)
+	if s.waiter != nil {
+		close(s.waiter)
+		s.waiter = nil
+	}
 	if g := d.gen; g.perKey != nil && d.key != "" {
 		if g.perKey[d.key]--; g.perKey[d.key] <= 0 {
 			delete(g.perKey, d.key)
@@ -604,7 +723,7 @@ func (s *subscriptionDriver) watchdog() {
 		var expired []*delivery
 		for d := range s.tracked {
 			d.mu.Lock()
-			if d.gen == g && now.After(d.deadline) {
+			if d.gen == g && !d.held && now.After(d.deadline) {
 				expired = append(expired, d)
 			}
 			d.mu.Unlock()
@@ -762,48 +881,65 @@ func (s *subscriptionDriver) readDead(ctx context.Context) ([]driver.DeadLetter,
 		return nil, fmt.Errorf("pulsar: reader of %s: %w", s.deadTopic, err)
 	}
 	defer r.Close()
-	var order []string
-	byID := map[string]driver.DeadLetter{}
+	var log driverkit.DeadLog
 	for r.HasNext() {
 		pm, err := r.Next(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("pulsar: read %s: %w", s.deadTopic, err)
 		}
 		if id, ok := pm.Properties()[PropRedriven]; ok {
-			delete(byID, id)
+			log.Redriven(id)
 			continue
 		}
-		dl := deadLetterOf(pm)
-		if _, seen := byID[dl.Message.ID]; !seen {
-			order = append(order, dl.Message.ID)
-		}
-		byID[dl.Message.ID] = dl
+		log.Add(deadLetterOf(pm))
 	}
-	out := make([]driver.DeadLetter, 0, len(byID))
-	for _, id := range order {
-		if dl, ok := byID[id]; ok {
-			out = append(out, dl)
-			delete(byID, id)
-		}
-	}
-	return out, nil
+	return log.Letters(), nil
 }
 
 func deadLetterOf(pm pulsar.Message) driver.DeadLetter {
 	return driverkit.DeadLetterOf(fromMessage(pm))
 }
 
+// deadStore is DeadLetters and Redrive over <topic>-<subscription>-dead:
+// a redriven message is republished on the topic (with its key, headers
+// and ID, after everything published meanwhile) and marked redriven on the
+// dead-letter topic. It reaches every subscription of the topic, not only
+// this one.
+func (s *subscriptionDriver) deadStore() driverkit.LogStore {
+	return driverkit.LogStore{
+		Read:  s.readDead,
+		Ready: func() error { _, _, err := s.producers(); return err },
+		Republish: func(ctx context.Context, m *driver.Message) error {
+			_, topic, err := s.producers()
+			var pm *pulsar.ProducerMessage
+			if err == nil {
+				pm, err = toProducerMessage(m)
+			}
+			if err == nil {
+				_, err = topic.Send(ctx, pm)
+			}
+			if err != nil {
+				return fmt.Errorf("pulsar: redrive %q to %s: %w", m.ID, s.topic, err)
+			}
+			return nil
+		},
+		MarkRedriven: func(ctx context.Context, id string) error {
+			dead, _, err := s.producers()
+			if err == nil {
+				_, err = dead.Send(ctx, &pulsar.ProducerMessage{Properties: map[string]string{PropRedriven: id}})
+			}
+			if err != nil {
+				return fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", id, err)
+			}
+			return nil
+		},
+	}
+}
+
 // DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
 // first, reading <topic>-<subscription>-dead from its start.
 func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if limit > 0 && len(dls) > limit {
-		dls = dls[:limit]
-	}
-	return dls, nil
+	return s.deadStore().DeadLetters(ctx, limit)
 }
 
 // Redrive republishes the dead letters with these IDs on the topic, with
@@ -812,38 +948,7 @@ func (s *subscriptionDriver) DeadLetters(ctx context.Context, limit int) ([]driv
 // dead-letter topic. A redriven message reaches every subscription of the
 // topic, not only this one.
 func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, error) {
-	dls, err := s.readDead(ctx)
-	if err != nil {
-		return 0, err
-	}
-	dead, topic, err := s.producers()
-	if err != nil {
-		return 0, err
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	n := 0
-	for _, dl := range dls {
-		if !want[dl.Message.ID] {
-			continue
-		}
-		m := dl.Message
-		m.NotBefore = time.Time{}
-		pm, err := toProducerMessage(&m)
-		if err == nil {
-			_, err = topic.Send(ctx, pm)
-		}
-		if err != nil {
-			return n, fmt.Errorf("pulsar: redrive %q to %s: %w", m.ID, s.topic, err)
-		}
-		if _, err := dead.Send(ctx, &pulsar.ProducerMessage{Properties: map[string]string{PropRedriven: m.ID}}); err != nil {
-			return n + 1, fmt.Errorf("pulsar: redrive %q: mark dead letter redriven: %w", m.ID, err)
-		}
-		n++
-	}
-	return n, nil
+	return s.deadStore().Redrive(ctx, ids)
 }
 
 // Name returns the subscription's name (Delivery.Subscription).

@@ -53,7 +53,7 @@ func (r *recordingDriver) DeadLetter(ctx context.Context, m *driver.Message, rea
 func TestAttemptsAcrossProcesses(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := t.Context()
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: 30 * time.Second, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: 30 * time.Second, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("mp"), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func sumRuns(runs map[string]int) int {
 func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
 	for _, oldest := range []bool{false, true} {
 		t.Run(fmt.Sprintf("OldestFirst=%v", oldest), func(t *testing.T) {
-			opts := &sqs.Options{Ordering: policy.Ordered, Visibility: time.Second, WaitTime: time.Second, OldestFirst: oldest}
+			opts := &sqs.Options{Ordering: policy.Ordered, Lease: time.Second, WaitTime: time.Second, OldestFirst: oldest}
 			client, q, topic, dead := openWith(t, opts)
 			send(t, topic, "a1:A", "a2:A", "a3:A")
 			_, names := receive(t, dead, 10, 5*time.Second)
@@ -262,7 +262,7 @@ func TestLostLeaseCountsForTheHeadOnly(t *testing.T) {
 // it is next received as its group's head, and never more than one per
 // crash. Received again behind its head it reports its runs exactly.
 func TestCrashInflatesUnstartedByOnePerCrash(t *testing.T) {
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: time.Second, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: time.Second, WaitTime: time.Second}
 	client, q, topic, p1 := openWith(t, opts)
 	send(t, topic, "a1:A", "a2:A", "a3:A")
 	ms, names := receive(t, p1, 10, 5*time.Second)
@@ -346,7 +346,7 @@ func (r *callRecorder) Nack(ctx context.Context, m *driver.Message, delay time.D
 func TestFailedChainHeldInProcess(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := t.Context()
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: 30 * time.Second, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: 30 * time.Second, WaitTime: time.Second}
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("hc"), opts)
 	if err != nil {
 		t.Fatal(err)

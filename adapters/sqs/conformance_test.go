@@ -13,8 +13,8 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/integration/drivertest"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 // harness runs the suite on ElasticMQ; each case gets its own queue.
@@ -43,17 +43,17 @@ func newClient(t *testing.T) (*awssqs.Client, string) {
 	}), endpoint
 }
 
-func (h *harness) Capabilities() integration.Capabilities {
-	return integration.Capabilities{Unit: 250 * time.Millisecond, Unsupported: unsupportedWith(h.unsupported)}
+func (h *harness) Capabilities() drivertest.Capabilities {
+	return drivertest.Capabilities{Unit: 250 * time.Millisecond, Unsupported: unsupportedWith(h.unsupported)}
 }
 
-func (h *harness) MakePair(ctx context.Context, t *testing.T, spec integration.Spec) (*integration.Pair, error) {
+func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
 	return makePair(ctx, t, h.client, spec, h.oldestFirst)
 }
 
-func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec integration.Spec, oldestFirst bool) (*integration.Pair, error) {
+func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec drivertest.Spec, oldestFirst bool) (*drivertest.Pair, error) {
 	name := uniqueQueue("c")
-	opts := &sqs.Options{Ordering: spec.Ordering, Visibility: spec.LeaseDuration, WaitTime: time.Second, OldestFirst: oldestFirst}
+	opts := &sqs.Options{Ordering: spec.Ordering, Lease: spec.LeaseDuration, WaitTime: time.Second, OldestFirst: oldestFirst}
 	qurl, err := sqs.CreateQueue(ctx, client, name, opts)
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func makePair(ctx context.Context, t *testing.T, client *awssqs.Client, spec int
 	if err != nil {
 		return nil, err
 	}
-	return &integration.Pair{
+	return &drivertest.Pair{
 		Topic: topic,
 		OpenConsumer: func(ctx context.Context) (driver.Subscription, error) {
 			return sqs.OpenSubscriptionDriver(ctx, client, qurl, opts)
@@ -83,7 +83,7 @@ func deleteQueues(client *awssqs.Client, qurl string) {
 // SQS's choice of messages.
 func TestConformance(t *testing.T) {
 	client, _ := newClient(t)
-	integration.Run(t, &harness{client: client, unsupported: map[string]string{
+	drivertest.Run(t, &harness{client: client, unsupported: map[string]string{
 		"WorkedExample": "by default Receive takes the messages SQS chooses, and SQS does not hand out the oldest " +
 			"deliverable message first (measured on ElasticMQ: receive(2) of a1(A) a2(A) s1 b1(B) s2 a3(A) b2(B) returns " +
 			"a1 a2, and then receive(1) returns b1 before s1), so with 2 workers and MaxOutstanding 2 the schedule " +
@@ -94,7 +94,7 @@ func TestConformance(t *testing.T) {
 // TestConformanceOldestFirst runs the suite with Options.OldestFirst.
 func TestConformanceOldestFirst(t *testing.T) {
 	client, _ := newClient(t)
-	integration.Run(t, &harness{client: client, oldestFirst: true})
+	drivertest.Run(t, &harness{client: client, oldestFirst: true})
 }
 
 // noCompaction is why an SQS FIFO queue cannot compact.

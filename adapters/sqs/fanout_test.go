@@ -13,7 +13,7 @@ import (
 
 	"github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/driver"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -98,7 +98,7 @@ func openGated(t *testing.T, g *gate) (*sqs.Topic, *sqs.Subscription) {
 		Retryer:      aws.NopRetryer{},
 		HTTPClient:   g,
 	})
-	opts := &sqs.Options{Ordering: policy.Ordered, Visibility: 60 * time.Second, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: 60 * time.Second, WaitTime: time.Second}
 	ctx := t.Context()
 	q, err := sqs.CreateQueue(ctx, client, uniqueQueue("g"), opts)
 	if err != nil {

@@ -12,7 +12,17 @@ require (
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/aws/smithy-go v1.28.9
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/keyorder/keyorder v0.1.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 )
 
 require (
@@ -27,5 +37,8 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/keyorder/keyorder/adapters/postgres v0.1.0
 	golang.org/x/time v0.16.0 // indirect
 )
+
+replace github.com/keyorder/keyorder/adapters/postgres => ../postgres

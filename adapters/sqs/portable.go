@@ -11,6 +11,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
 )
@@ -19,19 +20,11 @@ import (
 // must exist (see CreateQueue); the client stays the caller's. cfg
 // configures the Publisher (nil: defaults).
 func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *publish.Config) (*publish.Publisher, error) {
-	t, err := openTopic(ctx, client, queueURL, opts)
-	if err != nil {
-		return nil, err
-	}
-	p, err := publish.New(t, cfg)
-	if err != nil {
-		return nil, errors.Join(err, t.Close())
-	}
-	return p, nil
+	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, client, queueURL, opts))
 }
 
 // OpenSubscription returns a Subscriber of the FIFO queue at queueURL: one
-// consumer of the queue. opts.Visibility is the lease and opts.WaitTime the
+// consumer of the queue. opts.Lease is the lease and opts.WaitTime the
 // long-poll wait; the client stays the caller's. cfg configures the
 // Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
@@ -39,7 +32,7 @@ func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	if err != nil {
 		return nil, err
 	}
-	ks, err := subscribe.New(s, cfg)
+	ks, err := subscribe.New(s.portable(), cfg)
 	if err != nil {
 		return nil, errors.Join(err, s.Close())
 	}

@@ -187,6 +187,34 @@
 // SQS's attribute-name alphabet (A-Z a-z 0-9 - _ .). SQS allows 10 attributes per message, of which the
 // driver uses up to 5 on the queue and 6 in the dead-letter queue, so a
 // message may carry at most 4 headers (MaxHeaders).
+//
+// # Crashes and the start store
+//
+// Without a record of which handlers started, the bound above lets a few
+// crashes dead-letter a message that never ran: with MaxAttempts 2, two
+// crashes of processes that held it behind other work are enough. Give
+// every consumer of the queue the same driver.StartStore
+// (Options.StartStore; postgres.NewStartStore keeps one in PostgreSQL) and
+// the subscription implements driver.StartRecorder: Message.Attempt is
+// then the runs the store recorded for the message's copy, plus one, plus
+// what an Exclusive retry carries, and a crash charges only the messages
+// whose handler started (one running beside the message that killed the
+// process is charged too). The store is keyed by the queue URL and SQS's
+// message ID, so a requeued or redriven copy starts from no record.
+//
+// What it costs: a message received for the first time reads nothing; a
+// start is written 100 ms after the handler started, and not at all when
+// the message is deleted before then, so fast handlers that succeed cost
+// the store nothing. A failed message's runs are written before it goes
+// back to SQS (Nack, Return), a settled message's record is deleted
+// (batched), and a message that SQS delivered more often than its record
+// explains (it may have run unrecorded before a crash) is recorded before
+// its handler starts: a message that kills every process running it is
+// dead-lettered within MaxAttempts+1 runs. While the store cannot be read,
+// attempts are counted from receives less one (so a message charged unrun
+// by a crash still gets its run); a write that fails leaves a run
+// uncounted. Neither loses a message or changes order: the store only
+// moves attempt counts. URLs cannot name a store.
 package sqs
 
 import (
@@ -303,7 +331,7 @@ const (
 
 // Defaults for Options.
 const (
-	// VisibilityDefault is Options.Visibility's default.
+	// VisibilityDefault is Options.Lease's default.
 	VisibilityDefault = 30 * time.Second
 	// WaitTimeDefault is Options.WaitTime's default.
 	WaitTimeDefault = 2 * time.Second
@@ -322,8 +350,9 @@ type Options struct {
 	// VisibilityDefault.
 	Lease time.Duration
 	// Visibility is the older name of Lease, read when Lease is not set (Lease
-	// wins when both are); it is to be marked deprecated once the
-	// repository's own tests use Lease.
+	// wins when both are).
+	//
+	// Deprecated: use Lease.
 	Visibility time.Duration
 	// OldestFirst makes Receive ask SQS for a full batch of 10 and hand
 	// out the oldest group heads among them first, putting back what the
@@ -342,6 +371,15 @@ type Options struct {
 	// not-before hold or a put-back of messages the subscriber never saw
 	// that SQS refused. Defaults to slog.Default().
 	Logger *slog.Logger
+	// StartStore, when set, records which messages' handlers started, so
+	// that a crash counts an attempt only against the messages that ran
+	// (the subscription then implements driver.StartRecorder): SQS counts
+	// every receive, and without a store a few crashes can dead-letter
+	// messages that were received but never ran (see "Crashes and the
+	// start store" in the package documentation). Every consumer of the
+	// queue must be given the same store (postgres.NewStartStore). Nil
+	// (the default) counts receives as before. URLs cannot name one.
+	StartStore driver.StartStore
 }
 
 func (o *Options) withDefaults() Options {
@@ -466,10 +504,10 @@ func CreateQueue(ctx context.Context, client *sqs.Client, name string, opts *Opt
 	if err != nil {
 		return "", err
 	}
-	if _, err := createFIFO(ctx, client, dead, nil, o.Visibility); err != nil {
+	if _, err := createFIFO(ctx, client, dead, nil, o.Lease); err != nil {
 		return "", err
 	}
-	u, err := createFIFO(ctx, client, name, map[string]string{TagOrdering: o.Ordering.String()}, o.Visibility)
+	u, err := createFIFO(ctx, client, name, map[string]string{TagOrdering: o.Ordering.String()}, o.Lease)
 	if err != nil {
 		return "", err
 	}
@@ -674,8 +712,8 @@ func parseURL(u *url.URL) (*urlConfig, error) {
 		case "ordering":
 			c.opts.Ordering, perr = policy.ParseOrdering(v)
 		case "lease":
-			c.opts.Visibility, perr = time.ParseDuration(v)
-			if perr == nil && (c.opts.Visibility < time.Second || c.opts.Visibility > MaxVisibility) {
+			c.opts.Lease, perr = time.ParseDuration(v)
+			if perr == nil && (c.opts.Lease < time.Second || c.opts.Lease > MaxVisibility) {
 				perr = fmt.Errorf("want a duration from 1s to %v", MaxVisibility)
 			}
 		case "wait":
@@ -767,7 +805,11 @@ func (o *URLOpener) OpenSubscriptionURL(ctx context.Context, u *url.URL) (driver
 	if err != nil {
 		return nil, err
 	}
-	return openSubscription(ctx, client, qurl, &c.opts)
+	s, err := openSubscription(ctx, client, qurl, &c.opts)
+	if err != nil {
+		return nil, err
+	}
+	return s.portable(), nil
 }
 
 // queueNameOf returns the last path element of a queue URL.

@@ -75,7 +75,7 @@ func TestBadURLParams(t *testing.T) {
 // open creates a fresh queue and returns its topic and one consumer.
 func open(t *testing.T, ordering policy.Ordering, vis time.Duration) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {
 	t.Helper()
-	return openWith(t, &sqs.Options{Ordering: ordering, Visibility: vis, WaitTime: time.Second})
+	return openWith(t, &sqs.Options{Ordering: ordering, Lease: vis, WaitTime: time.Second})
 }
 
 func openWith(t *testing.T, opts *sqs.Options) (*awssqs.Client, string, *sqs.Topic, *sqs.Subscription) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/policy"
 )
 
@@ -40,6 +41,10 @@ type subscriptionDriver struct {
 	// backlog: the last Receive got all it asked for, so the next one
 	// asks for all at once (receiveAll) rather than one call first.
 	backlog atomic.Bool
+
+	// starts records handler starts (Options.StartStore); nil without
+	// a store.
+	starts *driverkit.StartLog
 
 	mu      sync.Mutex
 	closed  bool
@@ -61,12 +66,14 @@ type delivery struct {
 	group   string
 	body    string
 	attrs   map[string]types.MessageAttributeValue
-	seq     string // SequenceNumber, a decimal
+	seq     string               // SequenceNumber, a decimal
+	prior   int                  // attempts carried from before a requeue
+	mark    *driverkit.StartMark // with a start store
 }
 
 // openSubscription returns a consuming driver for the FIFO queue at
 // queueURL. opts.Ordering must match the queue's keyorder-ordering tag;
-// opts.Visibility is the lease and opts.WaitTime the long-poll wait. The
+// opts.Lease is the lease and opts.WaitTime the long-poll wait. The
 // client stays the caller's.
 func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options) (*subscriptionDriver, error) {
 	if client == nil {
@@ -80,11 +87,15 @@ func openSubscription(ctx context.Context, client *sqs.Client, queueURL string, 
 	if _, err := queueOrdering(ctx, client, queueURL, &o.Ordering); err != nil {
 		return nil, err
 	}
-	return &subscriptionDriver{
+	s := &subscriptionDriver{
 		client: client, queueURL: queueURL, deadName: dead,
-		ordering: o.Ordering, lease: o.Visibility, wait: o.WaitTime,
+		ordering: o.Ordering, lease: o.Lease, wait: o.WaitTime,
 		book: &book{n: map[string]int{}}, log: o.Logger, oldestFirst: o.OldestFirst,
-	}, nil
+	}
+	if o.StartStore != nil {
+		s.starts = driverkit.NewStartLog(o.StartStore, queueURL, o.Logger, 0)
+	}
+	return s, nil
 }
 
 // book counts, per SQS message ID, the put-backs this driver made of a
@@ -198,6 +209,9 @@ func (s *subscriptionDriver) Receive(ctx context.Context, maxMessages int) ([]*d
 			s.backlog.Store(len(raw) == maxMessages)
 		}
 		ms := s.fit(s.admit(raw), maxMessages)
+		if s.starts != nil {
+			s.resolveRuns(ctx, ms)
+		}
 		if len(ms) > 0 {
 			return ms, ctx.Err()
 		}
@@ -487,6 +501,10 @@ func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *driver.Messag
 	}
 	m.Copy = d.sqsID // a redrive sends a new message
 	m.Attempt = s.attempt(rm, m, tail)
+	if s.starts != nil {
+		d.prior, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
+		d.mark = &driverkit.StartMark{ID: d.sqsID, Earlier: s.receives(rm, m) - 1}
+	}
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)
 	}
@@ -524,6 +542,13 @@ func (s *subscriptionDriver) attempt(rm *types.Message, m *driver.Message, tail 
 	if tail && s.ordering == policy.Ordered {
 		return prior + 1
 	}
+	return prior + max(s.receives(rm, m), 1)
+}
+
+// receives returns how many receives of rm's copy (this one included) may
+// have been attempts: ApproximateReceiveCount less the not-before hold and
+// this driver's own put-backs (see attempt).
+func (s *subscriptionDriver) receives(rm *types.Message, m *driver.Message) int {
 	n, _ := strconv.Atoi(rm.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
 	n -= s.book.get(m.AckID.(*delivery).sqsID)
 	if !m.NotBefore.IsZero() {
@@ -532,7 +557,7 @@ func (s *subscriptionDriver) attempt(rm *types.Message, m *driver.Message, tail 
 			n--
 		}
 	}
-	return prior + max(n, 1)
+	return n
 }
 
 // ackFanout is how many DeleteMessageBatch calls one Ack makes at once.
@@ -572,6 +597,9 @@ func (s *subscriptionDriver) Ack(ctx context.Context, ms []*driver.Message) erro
 		})
 	}
 	wg.Wait()
+	if len(errs) == 0 {
+		s.settled(ms)
+	}
 	return errors.Join(errs...)
 }
 
@@ -593,6 +621,7 @@ func (s *subscriptionDriver) Nack(ctx context.Context, m *driver.Message, delay 
 	if s.ordering == policy.Exclusive && m.Key != "" {
 		return s.requeue(ctx, m, delay)
 	}
+	s.flushRuns(ctx, m)
 	_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(d.receipt),
 		VisibilityTimeout: seconds(delay),
@@ -625,6 +654,7 @@ func (s *subscriptionDriver) requeue(ctx context.Context, m *driver.Message, del
 		return fmt.Errorf("sqs: nack %s: requeued, but deleting the original failed (it will be delivered again): %w", m.ID, err)
 	}
 	s.book.forget(d.sqsID)
+	s.settled([]*driver.Message{m})
 	return nil
 }
 
@@ -653,6 +683,7 @@ func (s *subscriptionDriver) Return(ctx context.Context, rs []driver.Returned) e
 			}
 			continue
 		}
+		s.flushRuns(ctx, r.Message)
 		_, err := s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 			QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.Message.AckID.(*delivery).receipt),
 			VisibilityTimeout: seconds(delay),
@@ -786,6 +817,7 @@ func (s *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 		return fmt.Errorf("sqs: delete dead-lettered %s (it is in the dead-letter queue and may be delivered again): %w", m.ID, err)
 	}
 	s.book.forget(d.sqsID)
+	s.settled([]*driver.Message{m})
 	return nil
 }
 
@@ -998,6 +1030,7 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 		want[id] = true
 	}
 	n := 0
+	var done []string // the IDs redriven
 	_, err = s.walkDead(ctx, dq, func(dm deadMessage) (bool, error) {
 		if !want[dm.dl.Message.ID] {
 			return false, nil
@@ -1017,12 +1050,16 @@ func (s *subscriptionDriver) Redrive(ctx context.Context, ids []string) (int, er
 			return false, fmt.Errorf("sqs: redrive %s: %w", dm.dl.Message.ID, err)
 		}
 		n++
+		done = append(done, dm.dl.Message.ID)
 		if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dq), ReceiptHandle: dm.rm.ReceiptHandle}); err != nil {
 			return true, fmt.Errorf("sqs: redriven %s stays in the dead-letter queue: %w", dm.dl.Message.ID, err)
 		}
 		return true, nil
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	return n, driver.NotDeadLetters(ids, done)
 }
 
 // Capabilities describes the subscription: SQS holds groups natively, and
@@ -1048,6 +1085,9 @@ func (s *subscriptionDriver) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	if s.starts != nil {
+		s.starts.Close()
+	}
 	return nil
 }
 

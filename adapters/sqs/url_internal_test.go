@@ -77,7 +77,7 @@ func TestURLSpellings(t *testing.T) {
 	}
 	oldO, err1 := parse("visibility=20s&oldestfirst=true")
 	newO, err2 := parse("lease=20s&oldest_first=true")
-	if err1 != nil || err2 != nil || oldO.Visibility != newO.Visibility || oldO.OldestFirst != newO.OldestFirst || newO.Visibility != 20*time.Second || !newO.OldestFirst {
+	if err1 != nil || err2 != nil || oldO.Lease != newO.Lease || oldO.OldestFirst != newO.OldestFirst || newO.Lease != 20*time.Second || !newO.OldestFirst {
 		t.Errorf("old %+v %v, new %+v %v; want the same, 20s and oldest first", oldO, err1, newO, err2)
 	}
 	if newO.Ordering != policy.Ordered {

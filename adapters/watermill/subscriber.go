@@ -243,6 +243,11 @@ func (r *run) handle(hctx context.Context, d *keyorder.Delivery) error {
 	for k, v := range d.Headers {
 		msg.Metadata.Set(k, v)
 	}
+	if d.Key != "" {
+		// A Delivery carries its key as a field only; Watermill handlers
+		// read it from the metadata.
+		msg.Metadata.Set(keyorder.HeaderPartitionKey, d.Key)
+	}
 	mctx, mcancel := context.WithCancel(context.WithoutCancel(r.ctx))
 	defer mcancel()
 	stop := context.AfterFunc(hctx, mcancel)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 // A compacting PostgreSQL subscription (compact=true): stats shows what was

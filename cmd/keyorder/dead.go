@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -256,10 +257,16 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 		}
 	}
 	done := 0
+	var missing []string // IDs that are not dead letters
 	for i := 0; i < len(ids); i += redriveBatch {
 		part := ids[i:min(i+redriveBatch, len(ids))]
 		n, err := st.Redrive(ctx, part)
 		done += n
+		var nd *keyorder.NotDeadLetterError
+		if errors.As(err, &nd) {
+			// The others of the batch were redriven: go on.
+			missing, err = append(missing, nd.IDs...), nil
+		}
 		if err != nil {
 			return fmt.Errorf("redrive (%d of %d redriven before the error): %w", done, len(ids), err)
 		}
@@ -272,6 +279,9 @@ func (c *cli) deadRedrive(ctx context.Context, args []string) error {
 	}
 	if err := c.redriveResult(done, len(ids)); err != nil {
 		return err
+	}
+	if len(missing) > 0 {
+		return &keyorder.NotDeadLetterError{IDs: missing} // "redriven N of M" is printed
 	}
 	if done < len(ids) {
 		return fmt.Errorf("%d of %d IDs were not dead letters of this subscription: %w", len(ids)-done, len(ids), keyorder.ErrNotFound)

@@ -12,7 +12,7 @@
 //	keyorder held URL                   (PostgreSQL)
 //	keyorder publish URL --key acct-42 [--header k=v]... [--id ID] < payload
 //	keyorder tail URL [--count N] [--for 30s]
-//	keyorder version
+//	keyorder version                    (or keyorder --version)
 //
 // URL is a subscription URL (a topic URL for publish), exactly as
 // subscribe.Open and publish.Open take it; the binary registers the
@@ -47,11 +47,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,6 +66,7 @@ import (
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/suggest"
 )
 
 // Exit codes.
@@ -81,9 +85,51 @@ const defaultTimeout = 30 * time.Second
 
 func main() {
 	ctx, stop := notifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	// What the libraries log on the default logger (a client's warnings)
+	// goes through the redaction, each message once: the Pulsar client
+	// logs "Failed to connect to broker" several times a second while a
+	// broker does not answer.
+	slog.SetDefault(slog.New(newOnceHandler(slog.NewTextHandler(cleanWriter{c}, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	code := c.run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
+}
+
+// onceHandler passes a record on only the first time its level and
+// message are seen.
+type onceHandler struct {
+	slog.Handler
+	mu   *sync.Mutex
+	seen map[string]bool
+}
+
+func newOnceHandler(h slog.Handler) onceHandler {
+	return onceHandler{Handler: h, mu: new(sync.Mutex), seen: map[string]bool{}}
+}
+
+// Handle implements slog.Handler.
+func (h onceHandler) Handle(ctx context.Context, r slog.Record) error {
+	k := r.Level.String() + " " + r.Message
+	h.mu.Lock()
+	seen := h.seen[k]
+	h.seen[k] = true
+	h.mu.Unlock()
+	if seen {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+// WithAttrs implements slog.Handler; the derived handler shares what was
+// seen.
+func (h onceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return onceHandler{h.Handler.WithAttrs(as), h.mu, h.seen}
+}
+
+// WithGroup implements slog.Handler.
+func (h onceHandler) WithGroup(name string) slog.Handler {
+	return onceHandler{h.Handler.WithGroup(name), h.mu, h.seen}
 }
 
 // interrupted is the cause of the command's context when a signal ended
@@ -169,6 +215,7 @@ func topUsage() string {
 	b.WriteString(`
 flags:
   --timeout D   bound the whole command (default 30s; 0: none; tail: none)
+  --version     print the version (keyorder version)
   -h, --help    this text; keyorder COMMAND --help shows a command's flags
 
 URL is a subscription URL (a topic URL for publish), one of
@@ -216,6 +263,8 @@ type cli struct {
 	cmd string
 	// cmdCtx is the command's context once bound by --timeout.
 	cmdCtx context.Context
+	// rawURL is the command's URL argument, once given.
+	rawURL string
 }
 
 // usageError is a command-line mistake (exit 2).
@@ -277,6 +326,7 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	if c.cmdCtx != nil {
 		err = timedOut(c.cmdCtx, err)
 	}
+	err = c.unreachable(ctx, c.rawURL, err)
 	code := exitFailure
 	var ue *usageError
 	switch {
@@ -313,15 +363,27 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("keyorder", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "")
+	showVersion := fs.Bool("version", false, "")
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		// keyorder --version [--json]: the version command.
+		return c.version(args[1:])
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(c.stdout, topUsage())
 			return errHelp
 		}
-		return usagef("%v", err)
+		if m := flagErrRE.FindStringSubmatch(err.Error()); m != nil && strings.HasPrefix(m[1], "flag provided") && slices.Contains(commandFlags(), m[len(m)-2]) {
+			return usagef("unknown flag %s before the command: it is a flag of the commands (keyorder COMMAND URL %s)", dashed(m[len(m)-2]), dashed(m[len(m)-2]))
+		}
+		return flagError(fs, err)
 	}
 	fs.Visit(func(f *flag.Flag) { c.timeoutSet = c.timeoutSet || f.Name == "timeout" })
 	args = fs.Args()
+	if *showVersion {
+		// keyorder --version [--json]: the version command.
+		return c.version(args)
+	}
 	if len(args) == 0 {
 		return usagef("no command")
 	}
@@ -342,7 +404,7 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 			c.printHelp("dead list", "dead show", "dead redrive")
 			return errHelp
 		}
-		return usagef("dead: unknown subcommand %q (want list, show or redrive)", args[1])
+		return usagef("dead: unknown subcommand %q%s (want list, show or redrive)", args[1], didYouMean(args[1], []string{"list", "show", "redrive"}))
 	case "stats":
 		return c.stats(ctx, args[1:])
 	case "held":
@@ -361,7 +423,91 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		}
 		return c.dispatch(ctx, append(args[1:], "--help"))
 	}
-	return usagef("unknown command %q", args[0])
+	if strings.HasPrefix(args[0], "-") {
+		// A flag after the command's place: keyorder --timeout 1s --json.
+		return usagef("unknown flag %s before the command%s", dashed(args[0]), didYouMean(args[0], []string{"--timeout", "--version", "--help"}))
+	}
+	return usagef("unknown command %q%s", args[0], didYouMean(args[0], topNames()))
+}
+
+// commandFlags returns the names of the flags the commands' synopses
+// show.
+func commandFlags() []string {
+	var names []string
+	for _, cmd := range commands {
+		for _, m := range synopsisFlagRE.FindAllStringSubmatch(cmd.synopsis, -1) {
+			if !slices.Contains(names, m[1]) {
+				names = append(names, m[1])
+			}
+		}
+	}
+	return names
+}
+
+var synopsisFlagRE = regexp.MustCompile(`--(\w+)`)
+
+// topNames returns the first words of the commands, and help.
+func topNames() []string {
+	var names []string
+	for _, c := range commands {
+		n, _, _ := strings.Cut(c.name, " ")
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return append(names, "help")
+}
+
+// didYouMean returns ` (did you mean "x"?)` for the candidate closest to
+// name, "" when none is close.
+func didYouMean(name string, candidates []string) string {
+	if s := suggest.Closest(name, candidates); s != "" {
+		return fmt.Sprintf(" (did you mean %q?)", s)
+	}
+	return ""
+}
+
+// dashed spells a flag as the help does: --name (single-letter flags keep
+// one dash, -h).
+func dashed(arg string) string {
+	name := strings.TrimLeft(arg, "-")
+	name, _, _ = strings.Cut(name, "=")
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// flagErrRE matches the flag package's errors, which spell every flag
+// with one dash (-timeout).
+var flagErrRE = regexp.MustCompile(`^(flag provided but not defined:|flag needs an argument:|invalid value "(?s:.*)" for flag|invalid boolean value "(?s:.*)" for) -(\S+)(:.*)?$`)
+
+// flagError rewrites an error of fs.Parse as the help spells flags
+// (--timeout, not -timeout), suggesting a flag of fs close to an unknown
+// one.
+func flagError(fs *flag.FlagSet, err error) error {
+	prefix := ""
+	if fs.Name() != "keyorder" {
+		prefix = fs.Name() + ": "
+	}
+	m := flagErrRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return usagef("%s%v", prefix, err)
+	}
+	name, rest := m[len(m)-2], m[len(m)-1]
+	switch {
+	case m[1] == "flag provided but not defined:":
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		hint := ""
+		if s := suggest.Closest(name, names); s != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", dashed(s))
+		}
+		return usagef("%sunknown flag %s%s", prefix, dashed(name), hint)
+	case m[1] == "flag needs an argument:":
+		return usagef("%sflag %s needs a value", prefix, dashed(name))
+	}
+	return usagef("%s%s %s%s", prefix, strings.TrimSuffix(m[1], " -"), dashed(name), rest)
 }
 
 // printHelp prints the named commands' usage, without their flags (keyorder
@@ -406,7 +552,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 				c.printFlags(fs)
 				return nil, errHelp
 			}
-			return nil, usagef("%s: %v", fs.Name(), err)
+			return nil, flagError(fs, err)
 		}
 		if fs.NArg() == 0 {
 			return pos, nil
@@ -466,8 +612,19 @@ func (c *cli) oneURL(name string, pos []string) (string, error) {
 		return "", usagef("%s: want exactly one URL argument, got %d", name, len(pos))
 	}
 	c.addSecrets(pos[0])
-	if u, err := url.Parse(pos[0]); err == nil && strings.EqualFold(u.Scheme, "mem") && !c.allowMem {
+	c.rawURL = pos[0]
+	u, err := url.Parse(pos[0])
+	if err == nil && strings.EqualFold(u.Scheme, "mem") && !c.allowMem {
 		return "", errMemURL()
+	}
+	if err == nil && u.Scheme != "" && !(c.allowMem && u.Scheme == "mem") && !slices.Contains(brokerSchemes(), u.Scheme) {
+		// The library's error asks a programmer whether an import was
+		// forgotten; the operator can only change the URL.
+		hint := ""
+		if s := suggest.Closest(u.Scheme, brokerSchemes()); s != "" {
+			hint = fmt.Sprintf(" (did you mean %s://?)", s)
+		}
+		return "", usagef("%s: unknown URL scheme %q%s: keyorder opens %s URLs", name, u.Scheme, hint, schemeList())
 	}
 	return pos[0], nil
 }
@@ -486,11 +643,35 @@ func (c *cli) addSecrets(raw string) {
 // redaction every backend's errors use, then clean.
 func (c *cli) redact(raw string) string { return c.clean(driver.RedactString(raw)) }
 
-// clean replaces every registered secret in s.
+// shortSecret is the length under which a secret is replaced only where
+// it stands alone (not inside a word): a value as short as "g" or "x" would
+// otherwise be replaced inside every word of the message.
+const shortSecret = 6
+
+// clean replaces every registered secret in s, in one pass (a secret is
+// never looked for in what replaced another). A secret shorter than
+// shortSecret is replaced where no letter or digit touches it.
 func (c *cli) clean(s string) string {
+	var long []string
+	var short []string
 	for _, sec := range c.secrets {
-		if len(sec) >= 1 {
-			s = strings.ReplaceAll(s, sec, "xxxxx")
+		switch {
+		case sec == "":
+		case len(sec) < shortSecret:
+			short = append(short, regexp.QuoteMeta(sec))
+		default:
+			long = append(long, sec, "xxxxx")
+		}
+	}
+	if len(long) > 0 {
+		s = strings.NewReplacer(long...).Replace(s) // c.secrets is longest first
+	}
+	if len(short) > 0 {
+		re := regexp.MustCompile(`(^|[^\pL\pN])(?:` + strings.Join(short, "|") + `)($|[^\pL\pN])`)
+		// A match consumes its right neighbour; two secrets in a row
+		// ("k=a&b=a") need a second pass.
+		for range 2 {
+			s = re.ReplaceAllString(s, "${1}xxxxx${2}")
 		}
 	}
 	return s

@@ -23,7 +23,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	_ "github.com/keyorder/keyorder/adapters/memory"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/subscribe"
 )
 
@@ -318,6 +318,15 @@ func TestBinary(t *testing.T) {
 	if code, _, stderr := runBin("stats", "postgres://ops@127.0.0.1:1/db?topic=t&subscription=s&connect_timeout=1"); code != 1 || strings.Count(stderr, "keyorder:") != 1 {
 		t.Errorf("unreachable PostgreSQL: exit %d, stderr %q", code, stderr)
 	}
+	// A client library's retry warnings print once, redacted: the Pulsar
+	// client warns on every failed connection, several times a second.
+	if code, _, stderr := runBin("stats", "pulsar://"+closedPort(t)+"/a/b/t?subscription=s&token=t0psecret", "--timeout", "2s"); code != 1 ||
+		strings.Count(stderr, "Failed to connect to broker") != 1 || !strings.Contains(stderr, "no Pulsar broker answered at ") || strings.Contains(stderr, "t0psecret") {
+		t.Errorf("unreachable Pulsar: exit %d, stderr %q; want one warning and the broker named", code, stderr)
+	}
+	if code, stdout, stderr := runBin("--version"); code != 0 || stderr != "" || !strings.HasPrefix(stdout, "keyorder ") {
+		t.Errorf("--version: exit %d, stderr %q, stdout %q", code, stderr, stdout)
+	}
 	m, err := exec.Command("go", "version", "-m", bin).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -563,8 +572,10 @@ func exercise(t *testing.T, topicURL, subURL string) {
 	if code, stdout, stderr := cmd(t, "y\n", "dead", "redrive", subURL, "--all"); code != exitOK || !strings.Contains(stdout, "redriven 1 of 1") {
 		t.Fatalf("redrive --all: exit %d\n%s%s", code, stdout, stderr)
 	}
-	if code, stdout, stderr := cmd(t, "", "dead", "redrive", subURL, "--id", ids[1]); code != exitNotFound {
-		t.Errorf("second redrive of %s: exit %d, want %d (no longer dead)\n%s%s", ids[1], code, exitNotFound, stdout, stderr)
+	// Every backend's Redrive says which IDs are not dead letters.
+	if code, stdout, stderr := cmd(t, "", "dead", "redrive", subURL, "--id", ids[1], "--id", "no-such-id"); code != exitNotFound ||
+		!strings.Contains(stderr, fmt.Sprintf("2 IDs are not dead letters of the subscription: %q, \"no-such-id\"", ids[1])) {
+		t.Errorf("second redrive of %s: exit %d, want %d (no longer dead) naming both IDs\n%s%s", ids[1], code, exitNotFound, stdout, stderr)
 	}
 	// The redriven message is delivered again: tail prints and acknowledges it.
 	code, stdout, stderr = cmd(t, "", "tail", subURL, "--count", "1", "--for", "60s", "--json")

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 // The example's run on each backend: publish → handle → retry → dead

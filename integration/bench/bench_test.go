@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 // TestQuick runs the program's quick mode against every backend whose

@@ -15,6 +15,7 @@
 //
 //	go run ./integration/releasecheck -out DIR   # writes the proxy, prints the version
 //	go run ./integration/releasecheck -tags      # prints the git tags a release pushes
+//	go run ./integration/releasecheck -modules   # prints each released module's path and directory
 //
 // A module is released unless its directory (relative to the repository)
 // has an element named internal, integration or examples: those hold tests,
@@ -27,6 +28,14 @@
 // tracks plus the untracked files it does not ignore, so uncommitted work is
 // checked too, minus nested modules; golang.org/x/mod/zip applies the go
 // command's own rules (sizes, names, no vendor directory).
+//
+// A released version never changes: once the repository holds a module's
+// tag for the version the go.mod files require (adapters/kafka/v0.1.0), a
+// module whose files differ from that tag's (tracked changes, or new
+// untracked files) fails the check, naming the files: the release must
+// require a new version. The proxy would otherwise serve, under a version
+// users may already have in their module cache and go.sum, content that
+// differs from the tag's.
 package main
 
 import (
@@ -53,8 +62,16 @@ import (
 func main() {
 	out := flag.String("out", "", "directory to write the module proxy into (created; must not exist or be empty)")
 	tags := flag.Bool("tags", false, "print the git tags of the release, one a line, and write nothing")
+	list := flag.Bool("modules", false, "print each released module's path and directory (relative; \".\" for the root), one a line, and write nothing")
 	flag.Parse()
-	if err := run(*out, *tags, os.Stdout); err != nil {
+	mode := modeProxy
+	switch {
+	case *tags:
+		mode = modeTags
+	case *list:
+		mode = modeModules
+	}
+	if err := run(*out, mode, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "releasecheck:", err)
 		os.Exit(1)
 	}
@@ -77,11 +94,23 @@ func (m released) tag(v string) string {
 	return m.rel + "/" + v
 }
 
-func run(out string, tagsOnly bool, stdout io.Writer) error {
-	root, err := gitRoot()
+// What run does.
+const (
+	modeProxy   = iota // write the proxy
+	modeTags           // print the tags
+	modeModules        // print the modules
+)
+
+func run(out string, mode int, stdout io.Writer) error {
+	root, err := gitRoot(".")
 	if err != nil {
 		return err
 	}
+	return runIn(root, out, mode, stdout)
+}
+
+// runIn is run in the repository at root.
+func runIn(root, out string, mode int, stdout io.Writer) error {
 	mods, err := releasedModules(root)
 	if err != nil {
 		return err
@@ -97,9 +126,18 @@ func run(out string, tagsOnly bool, stdout io.Writer) error {
 	if !bytes.Contains(changelog, []byte("## ["+strings.TrimPrefix(version, "v")+"]")) {
 		return fmt.Errorf("CHANGELOG.md has no entry \"## [%s]\" for the version the modules require", strings.TrimPrefix(version, "v"))
 	}
-	if tagsOnly {
+	if err := unchangedSinceTags(root, mods, version); err != nil {
+		return err
+	}
+	switch mode {
+	case modeTags:
 		for _, m := range mods {
 			fmt.Fprintln(stdout, m.tag(version))
+		}
+		return nil
+	case modeModules:
+		for _, m := range mods {
+			fmt.Fprintln(stdout, m.path, cmpOr(m.rel, "."))
 		}
 		return nil
 	}
@@ -120,8 +158,101 @@ func run(out string, tagsOnly bool, stdout io.Writer) error {
 	return nil
 }
 
-func gitRoot() (string, error) {
-	b, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// git runs git in dir and returns its standard output.
+func git(dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(b), nil
+}
+
+// unchangedSinceTags fails when a released module's tag for version
+// exists and the module's files differ from the tag's: the version is
+// released, and a released version never changes.
+func unchangedSinceTags(root string, mods []released, version string) error {
+	var problems []string
+	for _, m := range mods {
+		tag := m.tag(version)
+		if _, err := git(root, "rev-parse", "-q", "--verify", "refs/tags/"+tag+"^{commit}"); err != nil {
+			continue // not tagged yet
+		}
+		changed, err := changedSince(m, tag)
+		if err != nil {
+			return fmt.Errorf("module %s: %w", m.path, err)
+		}
+		if len(changed) > 0 {
+			shown := changed[:min(len(changed), 5)]
+			more := ""
+			if len(changed) > len(shown) {
+				more = fmt.Sprintf(" and %d more", len(changed)-len(shown))
+			}
+			problems = append(problems, fmt.Sprintf("%s has changed since its tag %s (%s%s), and the go.mod files still require %s: "+
+				"a released version never changes; require the next version in every go.mod and give it a CHANGELOG entry",
+				m.path, tag, strings.Join(shown, ", "), more, version))
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// changedSince lists the files of module m (relative to its directory,
+// nested modules excluded) that differ from tag's: changed, added or
+// deleted in the working tree, or new and not ignored.
+func changedSince(m released, tag string) ([]string, error) {
+	diff, err := git(m.dir, "diff", "--name-only", "--no-renames", "--relative", tag, "--", ".")
+	if err != nil {
+		return nil, err
+	}
+	untracked, err := git(m.dir, "ls-files", "--others", "--exclude-standard", ".")
+	if err != nil {
+		return nil, err
+	}
+	all, err := git(m.dir, "ls-files", "--cached", "--others", "--exclude-standard", ".")
+	if err != nil {
+		return nil, err
+	}
+	atTag, err := git(m.dir, "ls-tree", "-r", "--name-only", tag, ".")
+	if err != nil {
+		return nil, err
+	}
+	// Directories below the module root that hold a go.mod, now or at the
+	// tag, are other modules. ls-tree names paths from the repository root
+	// unless run in the directory: it is, so they are relative to it.
+	var nested []string
+	for _, n := range append(strings.Split(all, "\n"), strings.Split(atTag, "\n")...) {
+		if path.Base(n) == "go.mod" && n != "go.mod" {
+			nested = append(nested, path.Dir(n)+"/")
+		}
+	}
+	var out []string
+	for _, n := range append(strings.Split(diff, "\n"), strings.Split(untracked, "\n")...) {
+		if n == "" || slices.Contains(out, n) || slices.ContainsFunc(nested, func(d string) bool { return strings.HasPrefix(n, d) }) {
+			continue
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func gitRoot(dir string) (string, error) {
+	cmd := exec.Command("git", "rev-parse", "--show-toplevel")
+	cmd.Dir = dir
+	b, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("finding the repository root: %w", err)
 	}

@@ -7,6 +7,8 @@
 package driverkit
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -101,4 +103,136 @@ func DeadLetterOf(m *driver.Message) driver.DeadLetter {
 	}
 	dl.Message = *m
 	return dl
+}
+
+// Portable returns the one body of every adapter's typed constructor
+// (OpenTopic, OpenSubscription): given what the adapter's driver opener
+// returned, it hands the driver to newPortable (publish.New or
+// subscribe.New) with cfg and returns the portable type, or the opener's
+// error. If newPortable refuses the driver (a bad cfg), the driver is
+// closed and both errors are returned, so a failed constructor leaves
+// nothing open. The call reads
+//
+//	return driverkit.Portable(publish.New, cfg)(openTopic(ctx, client, name, opts))
+//
+// It takes the constructor as a value so that this package stays below
+// publish and subscribe.
+func Portable[D interface{ Close() error }, C, P any](newPortable func(D, C) (P, error), cfg C) func(D, error) (P, error) {
+	return func(drv D, err error) (P, error) {
+		var zero P
+		if err != nil {
+			return zero, err
+		}
+		p, err := newPortable(drv, cfg)
+		if err != nil {
+			return zero, errors.Join(err, drv.Close())
+		}
+		return p, nil
+	}
+}
+
+// DeadLog folds a dead-letter log kept as an append-only stream (a Kafka
+// or Pulsar topic): dead letters, and markers saying that the dead letter
+// with some ID was redriven. Add and Redriven are called in the log's
+// order; Letters returns the dead letters not redriven since, in the order
+// their IDs first appeared, each as last written.
+type DeadLog struct {
+	order []string
+	byID  map[string]driver.DeadLetter
+}
+
+// Add records a dead letter.
+func (l *DeadLog) Add(dl driver.DeadLetter) {
+	if l.byID == nil {
+		l.byID = map[string]driver.DeadLetter{}
+	}
+	if _, seen := l.byID[dl.Message.ID]; !seen {
+		l.order = append(l.order, dl.Message.ID)
+	}
+	l.byID[dl.Message.ID] = dl
+}
+
+// Redriven records a marker: the dead letter with id, as far as the log
+// has gone, was redriven.
+func (l *DeadLog) Redriven(id string) { delete(l.byID, id) }
+
+// Letters returns the dead letters not redriven, oldest first.
+func (l *DeadLog) Letters() []driver.DeadLetter {
+	out := make([]driver.DeadLetter, 0, len(l.byID))
+	done := make(map[string]bool, len(l.byID))
+	for _, id := range l.order {
+		if dl, ok := l.byID[id]; ok && !done[id] {
+			out = append(out, dl)
+			done[id] = true
+		}
+	}
+	return out
+}
+
+// LogStore is DeadLetters and Redrive over a dead-letter log (DeadLog):
+// one implementation for the backends that keep their dead letters on a
+// topic of the broker and mark a redrive by appending to it.
+type LogStore struct {
+	// Read returns the log's dead letters not redriven, oldest first.
+	Read func(ctx context.Context) ([]driver.DeadLetter, error)
+	// Ready, when set, is called by Redrive after Read and before anything
+	// is republished (to make the producers); its error is returned as is.
+	Ready func() error
+	// Republish sends m (its not-before time cleared) to the topic again,
+	// after everything sent meanwhile.
+	Republish func(ctx context.Context, m *driver.Message) error
+	// MarkRedriven appends to the log the marker that id was redriven.
+	MarkRedriven func(ctx context.Context, id string) error
+}
+
+// DeadLetters lists up to limit dead letters (all when limit <= 0), oldest
+// first.
+func (s LogStore) DeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
+	dls, err := s.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && len(dls) > limit {
+		dls = dls[:limit]
+	}
+	return dls, nil
+}
+
+// Redrive republishes the dead letters with these IDs, without their
+// not-before time, and marks each redriven. It returns how many it
+// republished; when marking one fails, that one is counted (it was
+// republished) and the error returned. IDs that are not dead letters make
+// it fail after the others with driver.NotDeadLetters' error.
+func (s LogStore) Redrive(ctx context.Context, ids []string) (int, error) {
+	dls, err := s.Read(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if s.Ready != nil {
+		if err := s.Ready(); err != nil {
+			return 0, err
+		}
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	n := 0
+	var done []string // the IDs redriven
+	for _, dl := range dls {
+		if !want[dl.Message.ID] {
+			continue
+		}
+		m := dl.Message
+		m.NotBefore = time.Time{}
+		if err := s.Republish(ctx, &m); err != nil {
+			return n, err
+		}
+		if err := s.MarkRedriven(ctx, m.ID); err != nil {
+			return n + 1, err
+		}
+		n++
+		done = append(done, m.ID)
+	}
+	return n, driver.NotDeadLetters(ids, done)
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/keyorder/keyorder"
 	_ "github.com/keyorder/keyorder/adapters/kafka"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/subscribe"
 )
 

@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 )
 
 func usage() {

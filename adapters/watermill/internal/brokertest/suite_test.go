@@ -19,7 +19,7 @@ import (
 	_ "github.com/keyorder/keyorder/adapters/pulsar"
 	_ "github.com/keyorder/keyorder/adapters/sqs"
 	wmk "github.com/keyorder/keyorder/adapters/watermill"
-	"github.com/keyorder/keyorder/integration/testenv"
+	"github.com/keyorder/keyorder/internal/testenv"
 	"github.com/keyorder/keyorder/policy"
 	"github.com/keyorder/keyorder/subscribe"
 )

@@ -1,6 +1,7 @@
-// Package integration is keyorder's contract: one conformance suite that
-// every backend runs unchanged against its real broker, and (in testenv) the
-// launcher that starts those brokers for the test command.
+// Package drivertest is keyorder's contract: one conformance suite that
+// every backend runs unchanged against its real broker (gocloud.dev names
+// its suite the same way). The launcher that starts those brokers for the
+// test command lives beside it in integration/.
 //
 // A backend provides a Harness and calls Run from a conformance_test.go.
 // Each case of the suite states one rule of the guarantee in DESIGN.md and
@@ -8,7 +9,7 @@
 // proven is what users get. A backend that cannot support a case declares it
 // in Capabilities.Unsupported with the reason; the suite reports each such
 // case as skipped with that reason, never silently.
-package integration
+package drivertest
 
 import (
 	"context"

@@ -60,7 +60,7 @@ func StartPulsar(ctx context.Context, o Options) (*Server, error) {
 		}
 		brokerPort, webPort := ports[0], ports[1]
 		conf := filepath.Join(dir, "standalone.conf")
-		extra := fmt.Sprintf("\n# Added by integration/testenv\nbrokerServicePort=%d\nwebServicePort=%d\n", brokerPort, webPort)
+		extra := fmt.Sprintf("\n# Added by internal/testenv\nbrokerServicePort=%d\nwebServicePort=%d\n", brokerPort, webPort)
 		if err := os.WriteFile(conf, append(append([]byte(nil), baseConf...), extra...), 0o644); err != nil {
 			return nil, err
 		}

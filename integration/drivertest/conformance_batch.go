@@ -1,4 +1,4 @@
-package integration
+package drivertest
 
 // This file: the conformance cases of ordered batches (subscribe.RunBatch):
 // a failure inside a batch, a batch that waits its MaxWait, RetryAfter and

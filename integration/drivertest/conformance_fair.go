@@ -1,4 +1,4 @@
-package integration
+package drivertest
 
 // This file: the cases of throttling (subscribe.Config.Throttles) and
 // composite keys (publish.Config.KeyFunc).

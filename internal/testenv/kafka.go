@@ -32,7 +32,7 @@ var kafkaJVMFlags = []string{
 // 1 (one broker), the internal topics have few partitions so that the first
 // consumer group or transaction does not wait for 50 partitions to be created,
 // and thread pools are small for 2 cores.
-const kafkaConf = `# Written by integration/testenv: one combined broker+controller, KRaft mode.
+const kafkaConf = `# Written by internal/testenv: one combined broker+controller, KRaft mode.
 process.roles=broker,controller
 node.id=1
 controller.listener.names=CONTROLLER

@@ -77,16 +77,10 @@ func Main(open OpenFunc) {
 // the records file in one write each, so that a kill leaves whole lines.
 func consume(open OpenFunc) int {
 	ctx := context.Background()
-	rec, err := os.OpenFile(os.Getenv(envRecords), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	write, err := openRecords()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proctest:", err)
 		return 2
-	}
-	var mu sync.Mutex
-	write := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		_, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n")
 	}
 	maxAttempts, _ := strconv.Atoi(os.Getenv(envMaxAttempts))
 	workers, _ := strconv.Atoi(os.Getenv(envWorkers))
@@ -130,18 +124,9 @@ type record struct {
 
 // readRecords reads the records file of process proc.
 func readRecords(path string, proc int) ([]record, error) {
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+	lines, err := readLines(path)
 	var out []record
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
+	for _, fs := range lines {
 		if len(fs) < 4 || fs[0] == "end" && len(fs) < 5 {
 			continue // a line cut by a kill
 		}
@@ -151,7 +136,42 @@ func readRecords(path string, proc int) ([]record, error) {
 		r.ok = len(fs) > 4 && fs[4] == "ok"
 		out = append(out, r)
 	}
+	return out, err
+}
+
+// readLines reads a records file, each line split into its fields; a
+// missing file has no lines.
+func readLines(path string) ([][]string, error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out [][]string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		out = append(out, strings.Fields(sc.Text()))
+	}
 	return out, sc.Err()
+}
+
+// openRecords opens the records file of this process for appending and
+// returns a function that writes one line to it in one write (so that a
+// kill leaves whole lines), safe for concurrent use.
+func openRecords() (func(format string, args ...any), error) {
+	rec, err := os.OpenFile(os.Getenv(envRecords), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = rec.WriteString(fmt.Sprintf(format, args...) + "\n")
+	}, nil
 }
 
 // process is one consumer process started by Run.
@@ -164,13 +184,16 @@ type process struct {
 	code    int
 }
 
-func startProcess(dir string, index int, env []string) (*process, error) {
+// startProcess re-executes the test binary as role ("consumer" for Run's
+// consumer, "helper:NAME" for a helper Start starts) with env added; its
+// records file is in dir.
+func startProcess(dir string, index int, role string, env []string) (*process, error) {
 	p := &process{index: index, records: fmt.Sprintf("%s/records-%03d", dir, index), exited: make(chan struct{})}
 	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	p.cmd.Env = append(append(os.Environ(), env...), envRole+"=consumer", envRecords+"="+p.records)
+	p.cmd.Env = append(append(os.Environ(), env...), envRole+"="+role, envRecords+"="+p.records)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("proctest: start consumer: %w", err)
+		return nil, fmt.Errorf("proctest: start %s: %w", role, err)
 	}
 	go func() {
 		_ = p.cmd.Wait()
@@ -181,7 +204,7 @@ func startProcess(dir string, index int, env []string) (*process, error) {
 	return p, nil
 }
 
-// kill SIGKILLs p and waits until it is gone.
+// kill SIGKILLs p and waits until it is gone (again: nothing).
 func (p *process) kill() {
 	_ = p.cmd.Process.Kill()
 	<-p.exited

@@ -1,4 +1,4 @@
-package integration
+package drivertest
 
 import (
 	"context"
@@ -144,4 +144,56 @@ func (c *copyLog) at(name string, i int) any {
 		i += len(cs)
 	}
 	return cs[i]
+}
+
+// redriveNotDeadLetters: Redrive given IDs that are not dead letters of
+// the subscription (a message that was acknowledged, an ID never
+// published, a dead letter already redriven) redrives the others and
+// fails with a *keyorder.NotDeadLetterError (matching ErrNotFound) naming
+// those, each once, in the order given; it does not return (n, nil) as if
+// all were redriven. Checked through the Subscriber and on a driver of
+// another process (as `keyorder dead redrive` calls it).
+func redriveNotDeadLetters(f *fixture) {
+	p := f.publisher(nil)
+	f.publish(p, "n1:N", "n2:N")
+	r := f.subscribe(&subscribe.Config{Workers: 2}, failOnce("n1", keyorder.Permanent(errors.New("bad"))))
+	f.waitFor(20, "n2 handled", func() bool { return slices.Contains(f.rec.succeeded("N"), "n2") })
+	dead, acked, unknown := f.t.Name()+"/n1", f.t.Name()+"/n2", f.t.Name()+"/never-published"
+	var deadID string
+	f.waitFor(20, "n1 dead-lettered", func() bool {
+		got, err := r.sub.DeadLetters(f.ctx, 0)
+		if err != nil {
+			f.t.Fatalf("DeadLetters: %v", err)
+		}
+		if len(got) == 1 {
+			deadID = got[0].Message.ID
+		}
+		return len(got) == 1
+	})
+	if deadID != dead {
+		f.t.Fatalf("dead letter %q, want %q", deadID, dead)
+	}
+	check := func(who string, n, wantN int, err error, want ...string) {
+		f.t.Helper()
+		var nd *keyorder.NotDeadLetterError
+		if n != wantN || !errors.As(err, &nd) || !errors.Is(err, keyorder.ErrNotFound) || !slices.Equal(nd.IDs, want) {
+			f.t.Fatalf("%s = %d, %v; want %d and a NotDeadLetterError naming %q", who, n, err, wantN, want)
+		}
+	}
+	n, err := r.sub.Redrive(f.ctx, []string{acked, dead, unknown, acked})
+	check("Subscriber.Redrive(acked, dead, unknown, acked)", n, 1, err, acked, unknown)
+	f.waitFor(40, "redriven n1 handled", func() bool { return slices.Contains(f.rec.succeeded("N"), "n1") })
+	// Redriven already: no longer a dead letter, on any consumer.
+	n, err = r.sub.Redrive(f.ctx, []string{dead})
+	check("Subscriber.Redrive(redriven)", n, 0, err, dead)
+	other := f.consumer()
+	defer other.Close()
+	if store, ok := other.(driver.DeadLetterStore); ok {
+		n, err = store.Redrive(f.ctx, []string{unknown, dead})
+		check("driver Redrive(unknown, redriven)", n, 0, err, unknown, dead)
+	}
+	// Only IDs that are dead letters: no error.
+	if n, err := r.sub.Redrive(f.ctx, nil); n != 0 || err != nil {
+		f.t.Fatalf("Redrive(no IDs) = %d, %v; want 0, nil", n, err)
+	}
 }

@@ -138,7 +138,7 @@ func Run(t testing.TB, sc Scenario) Result {
 		if stopping {
 			return nil, nil
 		}
-		p, err := startProcess(dir, len(procs), env)
+		p, err := startProcess(dir, len(procs), "consumer", env)
 		if err != nil {
 			return nil, err
 		}

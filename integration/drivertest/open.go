@@ -1,8 +1,9 @@
-// Package opentest is the shared body of every adapter's test that
-// publish.Open and subscribe.Open honour their context against a broker
-// that hangs or is not there: an Open must return when its context ends,
-// with an error matching the context's, whatever the client library does.
-package opentest
+package drivertest
+
+// The shared body of every adapter's test that publish.Open and
+// subscribe.Open honour their context against a broker that hangs or is not
+// there: an Open must return when its context ends, with an error matching
+// the context's, whatever the client library does.
 
 import (
 	"context"
