@@ -558,7 +558,8 @@ func TestCompactParallelIndex(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Fatalf("%d compaction indexes after deleting one subscription, want 1", n)
 	}
-	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 2}); err != nil {
+	// Down 005, 004 and 003.
+	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(); n != 0 {
