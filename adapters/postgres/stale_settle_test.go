@@ -114,7 +114,6 @@ func containsAll(s string, subs ...string) bool {
 	return true
 }
 
-
 // pending counts the deliveries of the message with this ID.
 func (e *env) pending(t *testing.T, id string) int {
 	t.Helper()

@@ -254,8 +254,8 @@ func TestHandleTxKilledEvery2To4s(t *testing.T) {
 		t.Fatal(err)
 	}
 	type dup struct {
-		id string
-		n  int
+		ID string
+		N  int
 	}
 	dups, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dup])
 	if err != nil {
