@@ -105,6 +105,17 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		tokens[i] = 7 + int64(i%2)
 	}
 	lease := 30 * time.Second
+	// The acks' other arrays: the keys of the acked messages (for the
+	// Ordered subscription, whose deliveries are keyed) and the tokens of
+	// the Parallel one's (direct) deliveries.
+	var idKeys []string
+	if err := e.pool.QueryRow(ctx, fmt.Sprintf("SELECT array_agg(msg_key ORDER BY id) FROM %s.messages WHERE id = ANY($1)", q), ids).Scan(&idKeys); err != nil {
+		t.Fatal(err)
+	}
+	sevens := make([]int64, k)
+	for i := range k {
+		sevens[i] = 7
+	}
 
 	statements := []struct {
 		name string
@@ -112,7 +123,8 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		args []any
 		rows int64 // rows the statement touches; -1: checked elsewhere
 	}{
-		{"Ack", postgres.SQLAck, []any{subs["p"], ids, topicID}, -1}, // run below
+		{"Ack", postgres.SQLAck, []any{subs["p"], ids, topicID, sevens}, -1}, // run below
+		{"AckKeyed", postgres.SQLAckKeyed, []any{subs["o"], ids, topicID, idKeys, tokens}, -1},
 		{"LockRelease", postgres.SQLLockRelease, []any{subs["o"], ks}, k},
 		{"Release/Ordered", postgres.SQLRelease(false), []any{subs["o"], ks, tokens}, k / 2},
 		{"Release/Exclusive", postgres.SQLRelease(true), []any{subs["x"], ks, tokens}, k / 2},
@@ -168,7 +180,7 @@ func TestArrayPlansLookUpKeys(t *testing.T) {
 		[]int32{subs["o"], subs["x"]}, ids[:k/2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, postgres.Expand(postgres.SQLAck, e.schema), subs["p"], ids, topicID); err != nil {
+	if _, err := tx.Exec(ctx, postgres.Expand(postgres.SQLAck, e.schema), subs["p"], ids, topicID, sevens); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
 	var deliveries, bodies, ackedLeft, kept, held int

@@ -232,8 +232,8 @@ func TestCompactLeaseLost(t *testing.T) {
 					if err := dead.Nack(ctx, m, 0); err != nil {
 						t.Fatal(err)
 					}
-					if err := dead.Ack(ctx, []*driver.Message{m}); err != nil {
-						t.Fatal(err)
+					if err := dead.Ack(ctx, []*driver.Message{m}); !errors.Is(err, postgres.ErrLeaseLost) {
+						t.Fatalf("stale ack = %v, want ErrLeaseLost", err)
 					}
 				}
 			}
@@ -558,7 +558,8 @@ func TestCompactParallelIndex(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Fatalf("%d compaction indexes after deleting one subscription, want 1", n)
 	}
-	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 2}); err != nil {
+	// Down 005, 004 and 003.
+	if _, err := postgres.Migrate(ctx, e.pool, postgres.DirectionDown, &postgres.MigrateOptions{Schema: e.schema, Steps: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(); n != 0 {

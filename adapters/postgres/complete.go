@@ -17,13 +17,15 @@ import (
 )
 
 var (
-	// ErrLeaseLost: CompleteTx found the lease of a delivery lost (it
-	// expired and another consumer claimed the message, which may be
-	// running it now). The completion is refused inside the transaction,
-	// which must then roll back, taking the handler's effects with it; the
-	// subscriber settles nothing, and the message runs again where it was
-	// claimed, its attempt counted.
-	ErrLeaseLost = errors.New("keyorder postgres: lease lost: the message may run elsewhere; completion refused")
+	// ErrLeaseLost: the lease of a delivery was lost (it expired and
+	// another consumer claimed the message, which may be running it now),
+	// so this consumer may not settle it. CompleteTx refuses the
+	// completion inside the transaction, which must then roll back, taking
+	// the handler's effects with it; the subscriber settles nothing, and the
+	// message runs again where it was claimed, its attempt counted. The
+	// driver's Ack and DeadLetter leave such a delivery to the consumer that
+	// claimed it and answer with this error (the subscriber logs it).
+	ErrLeaseLost = errors.New("keyorder postgres: lease lost: another consumer claimed the message and may be running it; not settled")
 	// ErrNotRunning: CompleteTx was given a delivery that is not running
 	// in a handler of a PostgreSQL subscription with the given context
 	// (another context, a delivery of another backend, or a handler that

@@ -16,9 +16,12 @@ type Topic = pgTopic
 // Subscription is the subscription driver.
 type Subscription = pgSubscription
 
-// SQLAck is the acknowledging statement, for plan tests; Expand puts the
-// schema in.
-const SQLAck = sqlAck
+// SQLAck and SQLAckKeyed are the acknowledging statements (of direct and
+// keyed deliveries), for plan tests; Expand puts the schema in.
+const (
+	SQLAck      = sqlAck
+	SQLAckKeyed = sqlAckKeyed
+)
 
 // The other statements that take arrays of ids or keys, for plan tests.
 const (

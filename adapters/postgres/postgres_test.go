@@ -251,9 +251,9 @@ func TestLeaseExpiry(t *testing.T) {
 	if lost, err := s1.ExtendLeases(ctx, got); err != nil || len(lost) != 1 {
 		t.Fatalf("old lease not reported lost: %v %v", lost, err)
 	}
-	// The old holder's ack deletes a1 but must not release s2's hold.
-	if err := s1.Ack(ctx, got); err != nil {
-		t.Fatal(err)
+	// The old holder's ack deletes nothing and does not release s2's hold.
+	if err := s1.Ack(ctx, got); !errors.Is(err, postgres.ErrLeaseLost) {
+		t.Fatalf("stale ack = %v, want ErrLeaseLost", err)
 	}
 	receiveNone(t, s1, 300*time.Millisecond)
 	if err := s2.Ack(ctx, again); err != nil {

@@ -30,7 +30,7 @@ import (
 
 func TestMain(m *testing.M) {
 	proctest.Main(openCrashConsumer)
-	proctest.Helpers(map[string]func() int{"consumer": helperConsumer, "stack": helperStack})
+	proctest.Helpers(map[string]func() int{"consumer": helperConsumer, "stack": helperStack, "ledger": helperLedger})
 	os.Exit(m.Run())
 }
 

@@ -124,8 +124,21 @@ const sqlDropIdleHeads = `
 DELETE FROM {{schema}}.heads
 WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND claimable_at = 'infinity'`
 
-// sqlAck deletes settled deliveries and the message bodies no other
-// subscription of the topic still needs (dead letters keep their own copy).
+// sqlAckKeyed deletes settled keyed deliveries and the message bodies no
+// other subscription of the topic still needs (dead letters keep their own
+// copy), guarded by the leases they were claimed under: $2, $4 and $5 are
+// the deliveries' ids, keys and lease tokens, $3 the topic (sqlAck does the
+// same for direct deliveries; one call queues both as needed). A keyed
+// delivery is deleted only while its key's head still carries the token of
+// the claim that delivered it, and the head is locked FOR KEY SHARE until the
+// statement's transaction ends, as sqlComplete does: a claim taking the key
+// over (FOR UPDATE SKIP LOCKED) either committed first, and the token no
+// longer matches, or waits for this transaction and then finds the
+// delivery gone. A direct delivery is deleted only while it carries its own
+// token (a claim rewrites it; the DELETE waits for a claim in progress and
+// checks the token again). So a consumer whose lease was lost never deletes
+// a delivery another consumer has claimed and may be running. It returns
+// the ids of the deliveries that failed the guard (their leases were lost).
 // The other subscriptions are looked up once per statement, not per row.
 // Two subscriptions acking one message at the same instant may each still
 // see the other's delivery and both keep the body; Admin.Purge collects
@@ -140,12 +153,43 @@ WHERE sub_id = $1 AND msg_key = ANY($2::text[]) AND lease_token IS NULL AND clai
 // delivery of the subscription read per ack — and, with fresh statistics,
 // a nested loop of every message against the acked rows: 10 s for 1,000
 // ids over 100,000 messages instead of 3 ms (TestArrayPlansLookUpKeys).
+const sqlAckKeyed = `
+WITH lk AS (
+    SELECT h.msg_key, h.lease_token FROM {{schema}}.heads h
+    JOIN unnest($4::text[], $5::bigint[]) AS r(key, token)
+      ON h.sub_id = $1 AND h.msg_key = ANY(ARRAY(SELECT unnest($4::text[])))
+     AND h.msg_key = r.key AND h.lease_token = r.token
+    ORDER BY h.msg_key
+    FOR KEY SHARE OF h
+), d AS (
+    DELETE FROM {{schema}}.deliveries d
+    USING unnest($2::bigint[], $4::text[], $5::bigint[]) AS r(id, key, token)
+    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[]))) AND d.id = r.id
+      AND (r.key, r.token) IN (SELECT lk.msg_key, lk.lease_token FROM lk)
+    RETURNING d.id
+)` + ackBodies + `
+SELECT r.id FROM unnest($2::bigint[], $4::text[], $5::bigint[]) AS r(id, key, token)
+WHERE (r.key, r.token) NOT IN (SELECT lk.msg_key, lk.lease_token FROM lk)`
+
+// sqlAck is the acknowledgement of direct deliveries (sqlAckKeyed's
+// counterpart): $2 and $4 are their ids and lease tokens.
 const sqlAck = `
-WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = ANY(ARRAY(SELECT unnest($2::bigint[]))) RETURNING id)
-DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
-AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries x
-    WHERE x.sub_id = ANY (ARRAY(SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $3 AND id <> $1))
-      AND x.id = m.id)`
+WITH d AS (
+    DELETE FROM {{schema}}.deliveries d
+    USING unnest($2::bigint[], $4::bigint[]) AS r(id, token)
+    WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[]))) AND d.id = r.id AND d.lease_token = r.token
+    RETURNING d.id
+)` + ackBodies + `
+SELECT r.id FROM unnest($2::bigint[]) AS r(id) WHERE r.id NOT IN (SELECT d.id FROM d)`
+
+// ackBodies deletes the bodies of the acknowledged deliveries (d) that no
+// other subscription of topic $3 still holds.
+const ackBodies = `, bodies AS (
+    DELETE FROM {{schema}}.messages m USING d WHERE m.id = d.id
+    AND NOT EXISTS (SELECT 1 FROM {{schema}}.deliveries o
+        WHERE o.sub_id = ANY (ARRAY(SELECT id FROM {{schema}}.subscriptions WHERE topic_id = $3 AND id <> $1))
+          AND o.id = m.id)
+)`
 
 // sqlNack makes a delivery claimable again after the delay. A keyed
 // delivery's key stays held by its head until the chain is released, and
@@ -191,12 +235,26 @@ WHERE d.sub_id = $1 AND d.id = ANY(ARRAY(SELECT unnest($2::bigint[])))
   AND d.id = r.id AND d.lease_token = r.token
 RETURNING d.id`
 
+// sqlDeadLetter moves a delivery to the dead letters, guarded by its
+// lease as sqlAck is ($5..$7: its key, lease token and direct flag). It
+// returns whether the delivery passed the guard.
 const sqlDeadLetter = `
-WITH d AS (DELETE FROM {{schema}}.deliveries WHERE sub_id = $1 AND id = $2 RETURNING id)
-INSERT INTO {{schema}}.dead_letters (sub_id, id, msg_id, msg_key, payload, headers, published_at, reason, attempts)
-SELECT $1, m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.published_at, $3, $4
-FROM d JOIN {{schema}}.messages m ON m.id = d.id
-ON CONFLICT (sub_id, id) DO NOTHING`
+WITH lk AS (
+    SELECT 1 FROM {{schema}}.heads h
+    WHERE h.sub_id = $1 AND h.msg_key = $5::text AND h.lease_token = $6::bigint AND NOT $7::boolean
+    FOR KEY SHARE OF h
+), d AS (
+    DELETE FROM {{schema}}.deliveries d
+    WHERE d.sub_id = $1 AND d.id = $2
+      AND CASE WHEN $7::boolean THEN d.lease_token = $6::bigint ELSE EXISTS (SELECT 1 FROM lk) END
+    RETURNING id
+), ins AS (
+    INSERT INTO {{schema}}.dead_letters (sub_id, id, msg_id, msg_key, payload, headers, published_at, reason, attempts)
+    SELECT $1, m.id, m.msg_id, m.msg_key, m.payload, m.headers, m.published_at, $3, $4
+    FROM d JOIN {{schema}}.messages m ON m.id = d.id
+    ON CONFLICT (sub_id, id) DO NOTHING
+)
+SELECT CASE WHEN $7::boolean THEN EXISTS (SELECT 1 FROM d) ELSE EXISTS (SELECT 1 FROM lk) END`
 
 // sqlStarted records the highest id of each leased chain whose handler
 // started (migration 004). It locks the heads in key order first, as

@@ -432,8 +432,9 @@ func (su *pgSubscription) queueRelease(b *pgx.Batch, chains []*chain) {
 
 // run sends b (several statements run as one implicit transaction) with the
 // releases of the chains this call empties, then releases the chains that
-// were waiting for it.
-func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement) error {
+// were waiting for it. read, if not nil, reads the results of b's first
+// statements (those queued before the call).
+func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *settlement, read func(pgx.BatchResults) error) error {
 	var piggy []*chain
 	for c, p := range st.piggyback {
 		if p {
@@ -443,7 +444,13 @@ func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *
 	su.queueRelease(b, piggy)
 	var err error
 	if b.Len() > 0 { // a keyed Release that does not end its chain writes nothing
-		err = su.s.pool.SendBatch(ctx, b).Close()
+		br := su.s.pool.SendBatch(ctx, b)
+		if read != nil {
+			err = read(br)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 	}
 	later := st.end(err == nil)
 	if len(later) > 0 {
@@ -470,24 +477,67 @@ func (su *pgSubscription) run(ctx context.Context, op string, b *pgx.Batch, st *
 // needs, and releases the keys whose chain is now settled. Deliveries
 // completed in a committed transaction (HandleTx) are deleted already: for
 // them only the keys are released, and with no key to release the call
-// writes nothing.
+// writes nothing. A delivery whose lease was lost (another consumer claimed
+// it, and may be running it) is left alone: the call acknowledges the
+// others and returns an error wrapping ErrLeaseLost naming it.
 func (su *pgSubscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	as, err := ackIDs(ms)
 	if err != nil || len(as) == 0 {
 		return err
 	}
-	ids := make([]int64, 0, len(as))
-	for _, a := range as {
-		if !a.committed.Load() {
-			ids = append(ids, a.id)
+	var kids, ktokens, dids, dtokens []int64
+	var keys []string
+	byID := map[int64]string{}
+	for i, a := range as {
+		if a.committed.Load() {
+			continue
 		}
+		if a.chain != nil {
+			kids, keys, ktokens = append(kids, a.id), append(keys, a.chain.key), append(ktokens, a.chain.token)
+		} else {
+			dids, dtokens = append(dids, a.id), append(dtokens, a.token)
+		}
+		byID[a.id] = ms[i].ID
 	}
 	st := newSettlement(as)
 	b := &pgx.Batch{}
-	if len(ids) > 0 {
-		b.Queue(su.s.sql(sqlAck), su.info.id, ids, su.info.topicID)
+	var lost []string
+	var read func(pgx.BatchResults) error
+	queued := 0
+	if len(kids) > 0 {
+		b.Queue(su.s.sql(sqlAckKeyed), su.info.id, kids, su.info.topicID, keys, ktokens)
+		queued++
 	}
-	return su.run(ctx, "ack", b, st)
+	if len(dids) > 0 {
+		b.Queue(su.s.sql(sqlAck), su.info.id, dids, su.info.topicID, dtokens)
+		queued++
+	}
+	if queued > 0 {
+		read = func(br pgx.BatchResults) error {
+			for range queued {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				ls, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					return err
+				}
+				for _, id := range ls {
+					lost = append(lost, byID[id])
+				}
+			}
+			return nil
+		}
+	}
+	if err := su.run(ctx, "ack", b, st, read); err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		return fmt.Errorf("postgres: ack: %w: %d of %d messages (%s)", ErrLeaseLost, len(lost), len(byID), strings.Join(lost, ", "))
+	}
+	return nil
 }
 
 // Nack records the failed attempt and makes m
@@ -519,7 +569,7 @@ func (su *pgSubscription) nack(ctx context.Context, m *driver.Message, delay tim
 		}
 		b.Queue(su.nackDirect, args...)
 	}
-	return su.run(ctx, "nack", b, st)
+	return su.run(ctx, "nack", b, st, nil)
 }
 
 // Return gives back messages that ran and wait for a retry
@@ -555,20 +605,35 @@ func (su *pgSubscription) Release(ctx context.Context, ms []*driver.Message) err
 	if len(direct) > 0 {
 		b.Queue(su.s.sql(sqlReleaseDirect), su.info.id, direct, tokens)
 	}
-	return su.run(ctx, "release", b, st)
+	return su.run(ctx, "release", b, st, nil)
 }
 
 // DeadLetter moves m to the dead letters with reason and attempts; its key
-// continues with the next message.
+// continues with the next message. If m's lease was lost (another consumer
+// claimed it, and may be running it), nothing is written and the error
+// wraps ErrLeaseLost.
 func (su *pgSubscription) DeadLetter(ctx context.Context, m *driver.Message, reason string, attempts int) error {
 	as, err := ackIDs([]*driver.Message{m})
 	if err != nil {
 		return err
 	}
+	a := as[0]
+	key, token := "", a.token
+	if a.chain != nil {
+		key, token = a.chain.key, a.chain.token
+	}
 	st := newSettlement(as)
 	b := &pgx.Batch{}
-	b.Queue(su.s.sql(sqlDeadLetter), su.info.id, as[0].id, reason, attempts)
-	return su.run(ctx, "dead-letter", b, st)
+	b.Queue(su.s.sql(sqlDeadLetter), su.info.id, a.id, reason, attempts, key, token, a.chain == nil)
+	held := false
+	read := func(br pgx.BatchResults) error { return br.QueryRow().Scan(&held) }
+	if err := su.run(ctx, "dead-letter", b, st, read); err != nil {
+		return err
+	}
+	if !held {
+		return fmt.Errorf("postgres: dead-letter: %w: message %q", ErrLeaseLost, m.ID)
+	}
+	return nil
 }
 
 // ExtendLeases renews the leases of ms (a keyed message's lease is its

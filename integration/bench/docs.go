@@ -46,6 +46,8 @@ var docSections = []docSection{
 		command: "go run ./integration/cmd/testenv run --only nats -- go run ./integration/bench -backend nats -only 'raw,PublishAsync,PublishBatch' -out integration/bench/results"},
 	{name: "pgbatch", title: "Ordered batches on PostgreSQL: hot keys",
 		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgbatch -out integration/bench/results"},
+	{name: "pgtx", title: "Exactly-once effects on PostgreSQL: HandleTx vs the plain ack",
+		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgtx -n 5000 -keys 1000 -rounds 2 -out integration/bench/results"},
 	{name: "pgcompact", title: "PostgreSQL compaction",
 		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgcompact -out integration/bench/results"},
 	{name: "fairness", title: "Fairness: one tenant at 100x (memory broker)",

@@ -39,7 +39,8 @@
 // DIR/<backend>.md with a chart in DIR/<backend>.png. -backend pgsuite runs
 // the PostgreSQL-only suite instead (keyorder's driver against River and
 // watermill-sql, key counts, backlog, idle latency, retention); -backend
-// pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100).
+// pgbatch the ordered-batch benchmark (a hot key, batches of 1, 10, 100);
+// -backend pgtx the cost of postgres.HandleTx against the plain ack.
 //
 // Documentation: -docs docs/benchmarks.md writes the benchmarks page from
 // the tables in -results (default integration/bench/results), each under
@@ -125,7 +126,7 @@ func main() {
 		docs   string
 		resDir string
 	)
-	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|kafka|nats|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgcompact for PostgreSQL compaction, or fairness")
+	flag.StringVar(&which, "backend", "memory", "memory|postgres|pubsub|sqs|pulsar|kafka|nats|all, pgsuite for the PostgreSQL-only suite, pgbatch for ordered batches on a hot PostgreSQL key, pgtx for HandleTx against the plain ack, pgcompact for PostgreSQL compaction, or fairness")
 	flag.IntVar(&o.n, "n", 20000, "messages per run")
 	flag.StringVar(&keys, "keys", "200,1000", "comma-separated key counts")
 	flag.IntVar(&o.size, "size", 100, "payload bytes")
@@ -167,6 +168,18 @@ func main() {
 	if which == "pgcompact" {
 		c.size = o.size
 		pgCompact(ctx, c, o.out)
+		return
+	}
+	if which == "pgtx" {
+		o.keys = nil
+		for _, s := range strings.Split(keys, ",") {
+			if k, err := strconv.Atoi(strings.TrimSpace(s)); err == nil && k > 0 {
+				o.keys = append(o.keys, k)
+			}
+		}
+		if err := pgTxBench(ctx, o); err != nil {
+			log.Fatalf("bench: pgtx: %v", err)
+		}
 		return
 	}
 	if which == "pgbatch" {
