@@ -54,7 +54,7 @@ var notFigures = []notFigure{
 // shares, "n" plain numbers (thousands written as 43.2k or 43,214 both).
 type results map[string][]float64
 
-func loadResults(t *testing.T, dir string) results {
+func loadResults(t *testing.T, dir string) map[string]results {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(dir, "*.md"))
 	if err != nil {
@@ -63,15 +63,48 @@ func loadResults(t *testing.T, dir string) results {
 	if len(files) == 0 {
 		t.Fatalf("no results files in %s", dir)
 	}
-	r := results{}
+	out := map[string]results{}
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
+		r := results{}
 		r.add(string(raw))
+		out[filepath.Base(f)] = r
 	}
-	return r
+	return out
+}
+
+// pageResults are the results files a backend's page may quote, beyond
+// the file of its own name and other.md (runs that compare several
+// backends or options): a figure on docs/postgres.md must come from a
+// PostgreSQL run, so a figure that drifts to a value some other
+// backend's run happens to hold is still found. Pages of no backend
+// (README, CHANGELOG, the guide, the coming-from pages) may quote any.
+var pageResults = map[string][]string{
+	"docs/postgres.md": {"pgtx.md", "pgbatch.md", "pgcompact.md", "fairness-postgres.md"},
+}
+
+// sourcesOf returns the results a page's figures are checked against.
+func sourcesOf(page string, all map[string]results) results {
+	base := strings.TrimSuffix(strings.TrimPrefix(page, "docs/"), ".md")
+	if _, ok := all[base+".md"]; !strings.HasPrefix(page, "docs/") || !ok {
+		merged := results{}
+		for _, r := range all {
+			for k, v := range r {
+				merged[k] = append(merged[k], v...)
+			}
+		}
+		return merged
+	}
+	merged := results{}
+	for _, name := range append([]string{base + ".md", "other.md"}, pageResults[page]...) {
+		for k, v := range all[name] {
+			merged[k] = append(merged[k], v...)
+		}
+	}
+	return merged
 }
 
 func (r results) add(text string) {
@@ -209,7 +242,7 @@ func figurePages(t *testing.T) map[string]string {
 }
 
 func TestFiguresMeasured(t *testing.T) {
-	r := loadResults(t, filepath.Join(root, "integration", "bench", "results"))
+	all := loadResults(t, filepath.Join(root, "integration", "bench", "results"))
 	pages := figurePages(t)
 	names := make([]string, 0, len(pages))
 	for p := range pages {
@@ -219,7 +252,7 @@ func TestFiguresMeasured(t *testing.T) {
 	used := make([]bool, len(notFigures))
 	for _, p := range names {
 	next:
-		for _, f := range findFigures(p, pages[p], r) {
+		for _, f := range findFigures(p, pages[p], sourcesOf(p, all)) {
 			for i, n := range notFigures {
 				if n.file == f.file && n.figure == f.figure {
 					used[i] = true
@@ -257,5 +290,21 @@ func TestFigureCheckerFindsDrift(t *testing.T) {
 	want := []string{"2 29k", "2 45 %", "2 7.3×", "2 0.12–0.25×", "2 1.6x"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("findings %q, want %q", got, want)
+	}
+}
+
+// TestBackendPageQuotesItsOwnRuns: a backend's page is checked against its
+// own results (and other.md), so a figure that only another backend's run
+// holds is found there, while README may quote any run.
+func TestBackendPageQuotesItsOwnRuns(t *testing.T) {
+	all := map[string]results{"kafka.md": {}, "memory.md": {}, "other.md": {}}
+	all["kafka.md"].add("| 0.17× | 0.18× |")
+	all["memory.md"].add("| 0.12× |")
+	page := "keyorder consumes at 0.12–0.18× the raw client."
+	if got := findFigures("docs/kafka.md", page, sourcesOf("docs/kafka.md", all)); len(got) != 1 || got[0].figure != "0.12–0.18×" {
+		t.Errorf("docs/kafka.md findings %v, want the memory-only 0.12–0.18×", got)
+	}
+	if got := findFigures("README.md", page, sourcesOf("README.md", all)); len(got) != 0 {
+		t.Errorf("README.md findings %v, want none", got)
 	}
 }
