@@ -7,10 +7,10 @@ package sqs
 
 import (
 	"context"
-	"errors"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/keyorder/keyorder/driver"
 	"github.com/keyorder/keyorder/internal/driverkit"
 	"github.com/keyorder/keyorder/publish"
 	"github.com/keyorder/keyorder/subscribe"
@@ -28,13 +28,14 @@ func OpenTopic(ctx context.Context, client *sqs.Client, queueURL string, opts *O
 // long-poll wait; the client stays the caller's. cfg configures the
 // Subscriber (nil: defaults).
 func OpenSubscription(ctx context.Context, client *sqs.Client, queueURL string, opts *Options, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-	s, err := openSubscription(ctx, client, queueURL, opts)
+	return driverkit.Portable(subscribe.New, cfg)(portable(openSubscription(ctx, client, queueURL, opts)))
+}
+
+// portable passes on openSubscription's driver as the portable layer
+// takes it: with driver.StartRecorder when it has a start store.
+func portable(s *subscriptionDriver, err error) (driver.Subscription, error) {
 	if err != nil {
 		return nil, err
 	}
-	ks, err := subscribe.New(s.portable(), cfg)
-	if err != nil {
-		return nil, errors.Join(err, s.Close())
-	}
-	return ks, nil
+	return s.portable(), nil
 }
