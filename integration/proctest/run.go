@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -389,6 +390,32 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 	if len(violations) > 0 {
 		slices.Sort(violations)
 		t.Errorf("proctest: %d order violation(s), first: %v", len(violations), violations[:min(5, len(violations))])
+		// The first violating key's attempts, to trace it from the test's
+		// output alone: each with its process, start and end (ms from the
+		// first record), and how it ended.
+		key := strings.Fields(strings.TrimPrefix(violations[0], "key "))[0]
+		key = strings.TrimSuffix(key, ":")
+		t0 := int64(0)
+		if len(rs) > 0 {
+			t0 = rs[0].at
+		}
+		for _, sp := range byKey[key] {
+			how := "ok"
+			switch {
+			case !sp.ended:
+				how = "its process died"
+			case !sp.ok:
+				how = "failed"
+			}
+			if deadAt[sp.id] {
+				how += ", dead-lettered"
+			}
+			t.Logf("proctest: %s@%d process %d: %.3f–%.3f s, %s", sp.id, sp.attempt, sp.proc,
+				float64(sp.start-t0)/1e9, float64(sp.end-t0)/1e9, how)
+		}
+		for i, p := range procs {
+			t.Logf("proctest: process %d ended at %.3f s", i, float64(p.endAt-t0)/1e9)
+		}
 	}
 }
 
