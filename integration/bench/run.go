@@ -34,6 +34,9 @@ type system struct {
 	// ref marks the raw client the ratios divide by (the first system
 	// of a backend).
 	ref bool
+	// refName, when set, names the system this one's ratios divide by
+	// instead of the ref (a raw client configured as this system is).
+	refName string
 	// open returns a fresh endpoint; id is unique within the program's run.
 	open func(ctx context.Context, id string) (endpoint, error)
 }
@@ -57,6 +60,7 @@ type backend struct {
 type result struct {
 	system           string
 	ref              bool
+	refName          string // see system.refName
 	keys             int
 	publish, consume float64 // msgs/s
 	e2e              float64 // msgs/s, publishing and consuming at once
@@ -91,7 +95,7 @@ func loadAvg() float64 {
 // backlog (timed), then on a fresh endpoint publish and consume at once
 // (timed from the first publish to the last message handled).
 func measure(ctx context.Context, b *backend, sys system, w *workload, o options) (result, error) {
-	res := result{system: sys.name, ref: sys.ref, keys: len(w.keys), load: loadAvg()}
+	res := result{system: sys.name, ref: sys.ref, refName: sys.refName, keys: len(w.keys), load: loadAvg()}
 	var pubs, cons, e2es []float64
 	for range max(o.rounds, 1) {
 		pub, con, v, d, err := backlogRun(ctx, b, sys, w, o)
