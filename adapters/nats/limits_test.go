@@ -234,6 +234,35 @@ func TestMsgIDOption(t *testing.T) {
 			}
 		}
 		d.Close()
+		// The subscriber sees the IDs either way.
+		s, err := kn.OpenSubscription(ctx, js, stream, uniqueName("sub"), nil, &subscribe.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make(chan string, 8)
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Run(runCtx, func(_ context.Context, d *keyorder.Delivery) error {
+				ids <- d.ID
+				return nil
+			})
+		}()
+		seen := map[string]bool{}
+		for len(seen) < 2 {
+			select {
+			case id := <-ids:
+				if id != "id-1" && id != "id-2" {
+					t.Errorf("NoMsgID %v: delivered ID %q, want id-1 or id-2", c.opts != nil, id)
+				}
+				seen[id] = true
+			case <-ctx.Done():
+				t.Fatalf("NoMsgID %v: delivered %v", c.opts != nil, seen)
+			}
+		}
+		stop()
+		<-done
+		s.Close(ctx)
 		ms := streamMsgs(t, js, stream)
 		noID := c.opts != nil
 		if len(ms) != c.stored {

@@ -186,7 +186,7 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 	}
 	pub = float64(w.n()) / time.Since(start).Seconds()
 	if *rpcs && b.stats != nil {
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
 	}
 	if *publishOnly {
 		return pub, 0, 0, 0, nil
@@ -196,13 +196,13 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 	el, err := consumeAll(ctx, ep, chk, time.Now(), nil)
 	if cpu0 >= 0 && err == nil {
 		cpu := brokerCPU() - cpu0
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume: server CPU %.1f ms per 1,000 messages (%.0f ms in %.1f s)\n", len(w.keys), sys.name, cpu*1e6/float64(w.n()), cpu*1000, el.Seconds())
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s consume: server CPU %.1f ms per 1,000 messages (%.0f ms in %.1f s)\n", len(w.keys), sys.name, cpu*1e6/float64(w.n()), cpu*1000, el.Seconds())
 	}
 	if err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("%s: consume: %w", sys.name, err)
 	}
 	if *rpcs && b.consumeStats != nil {
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume %9.0f msgs/s (load %.2f):%s\n", len(w.keys), sys.name, float64(w.n())/el.Seconds(), loadAvg(), b.consumeStats(id, w.n()))
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s consume %9.0f msgs/s (load %.2f):%s\n", len(w.keys), sys.name, float64(w.n())/el.Seconds(), loadAvg(), b.consumeStats(id, w.n()))
 	}
 	return pub, float64(w.n()) / el.Seconds(), chk.viol.Load(), chk.dups.Load(), nil
 }
