@@ -123,6 +123,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		if it.lost.Load() {
 			// Lost while its start was being recorded: it does not run
 			// (with a cancelled context), nor anything behind it.
+			s.cfg.Logger.Debug("keyorder: lease lost while the handler start was recorded; not run",
+				"id", it.m.ID, "key", it.m.Key, "attempt", it.attempt)
 			s.cut(run[k:])
 			run = run[:k]
 			break
@@ -147,6 +149,8 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 		it.mu.Lock()
 		if it.lost.Load() {
 			it.mu.Unlock()
+			s.cfg.Logger.Debug("keyorder: lease lost after the handler start was recorded; not run",
+				"id", it.m.ID, "key", it.m.Key, "attempt", it.attempt)
 			for _, o := range run[:k] {
 				o.mu.Lock()
 				o.hctx = nil

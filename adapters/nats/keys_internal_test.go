@@ -89,3 +89,36 @@ func TestParseURLRejects(t *testing.T) {
 		t.Errorf("parseURL = %+v, %v", p, err)
 	}
 }
+
+// TestParseURLMsgID: msg_id=off turns the Nats-Msg-Id off on topic URLs;
+// a subscription URL, which publishes nothing, refuses it.
+func TestParseURLMsgID(t *testing.T) {
+	for _, c := range []struct {
+		url     string
+		forSub  bool
+		noMsgID bool
+		bad     bool
+	}{
+		{"nats://h:4222/S", false, false, false},
+		{"nats://h:4222/S?msg_id=on", false, false, false},
+		{"nats://h:4222/S?msg_id=off", false, true, false},
+		{"nats://h:4222/S?msg_id=false&create=true", false, true, false},
+		{"nats://h:4222/S?msg_id=maybe", false, false, true},
+		{"nats://h:4222/S?subscription=s&msg_id=off", true, false, true},
+	} {
+		u, err := url.Parse(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := parseURL(u, c.forSub)
+		if c.bad {
+			if !errors.Is(err, keyorder.ErrBadURL) || !strings.Contains(err.Error(), "msg_id") {
+				t.Errorf("parseURL(%s) = %v; want ErrBadURL naming msg_id", c.url, err)
+			}
+			continue
+		}
+		if err != nil || p.topicO.NoMsgID != c.noMsgID {
+			t.Errorf("parseURL(%s) = %+v, %v; want NoMsgID %v", c.url, p, err, c.noMsgID)
+		}
+	}
+}

@@ -48,7 +48,9 @@
 // lease (a Go duration, at least 1s; default 30s), max_batch, max_pending
 // (unacknowledged messages per partition; default 1,000), create (true:
 // create the stream when it does not exist) and partitions (with
-// create=true; default 8). Unknown parameters are rejected with an error
+// create=true; default 8), and on topic URLs msg_id (on, the default, or
+// off: publish without the Nats-Msg-Id header, see TopicOptions.NoMsgID).
+// Unknown parameters are rejected with an error
 // matching keyorder.ErrBadURL. Without create=true a missing stream is an
 // error matching keyorder.ErrNotFound.
 //

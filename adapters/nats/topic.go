@@ -28,6 +28,15 @@ type TopicOptions struct {
 	// stream's max_msg_size (or the server's max_payload when the stream
 	// sets none) less HeaderRoom.
 	MaxPayloadBytes int
+	// NoMsgID publishes without the Nats-Msg-Id header (URL: msg_id=off).
+	// By default every message carries its ID as Nats-Msg-Id, so a batch
+	// sent again after a lost acknowledgement is dropped by the stream's
+	// duplicate window: a retried publish lands once. The server checks
+	// and records every ID in that window, which costs publish throughput
+	// (see docs/nats.md); without the header the ID travels in HeaderID,
+	// the subscriber sees the same ID, and a retried publish can land
+	// twice (at-least-once publishing).
+	NoMsgID bool
 }
 
 // topicDriver is the driver.Topic driver of a keyorder stream.
@@ -36,6 +45,7 @@ type topicDriver struct {
 	stream     string
 	partitions int
 	maxPayload int
+	noMsgID    bool
 	rr         atomic.Uint64
 	ownConn    *nats.Conn
 }
@@ -113,7 +123,7 @@ func openTopic(ctx context.Context, js jetstream.JetStream, stream string, opts 
 		return nil, fmt.Errorf("%w: nats: stream %s allows messages of %d bytes, less than the driver's header room %d",
 			keyorder.ErrInvalidConfig, stream, info.Config.MaxMsgSize, HeaderRoom)
 	}
-	return &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max}, nil
+	return &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max, noMsgID: opts != nil && opts.NoMsgID}, nil
 }
 
 // keyToken returns the subject token of key and whether the key itself
@@ -218,9 +228,10 @@ func (t *topicDriver) SendsMixedKeys() bool { return true }
 
 // SendBatch publishes ms asynchronously, in order (one connection keeps
 // the order of its publishes), and waits for every acknowledgement. Each
-// carries its ID as Nats-Msg-Id, so a batch the portable layer sends again
-// after a lost acknowledgement is deduplicated by the stream's duplicate
-// window. A failure of any message fails the batch.
+// carries its ID as Nats-Msg-Id (unless TopicOptions.NoMsgID), so a batch
+// the portable layer sends again after a lost acknowledgement is
+// deduplicated by the stream's duplicate window. A failure of any message
+// fails the batch.
 func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -232,7 +243,11 @@ func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error
 		}
 	}
 	for i, m := range ms {
-		f, err := t.js.PublishMsgAsync(t.toMsg(m, m.ID))
+		msgID := m.ID
+		if t.noMsgID {
+			msgID = ""
+		}
+		f, err := t.js.PublishMsgAsync(t.toMsg(m, msgID))
 		if err != nil {
 			return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, i+1, len(ms), err)
 		}

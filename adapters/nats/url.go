@@ -16,7 +16,7 @@ import (
 	"github.com/keyorder/keyorder/policy"
 )
 
-var urlParams = []string{"subscription", "ordering", "lease", "max_batch", "max_pending", "create", "partitions"}
+var urlParams = []string{"subscription", "ordering", "lease", "max_batch", "max_pending", "create", "partitions", "msg_id"}
 
 // connectBound bounds the URL opener's connection attempts when the
 // context has none.
@@ -35,6 +35,7 @@ func init() {
 }
 
 type parsed struct {
+	topicO     TopicOptions
 	server     string
 	stream     string
 	sub        string
@@ -67,6 +68,9 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 		if !forSub && subOnly[name] {
 			return nil, driver.BadParam(u, name, "a subscription parameter on a topic URL")
 		}
+		if forSub && name == "msg_id" {
+			return nil, driver.BadParam(u, name, "a topic parameter on a subscription URL")
+		}
 		var perr error
 		positive := func() int {
 			n, err := strconv.Atoi(v)
@@ -92,6 +96,14 @@ func parseURL(u *url.URL, forSub bool) (*parsed, error) {
 			p.subO.MaxBatch = positive()
 		case "max_pending":
 			p.subO.MaxPending = positive()
+		case "msg_id":
+			switch v {
+			case "on", "true":
+			case "off", "false":
+				p.topicO.NoMsgID = true
+			default:
+				perr = errors.New("want on (default: Nats-Msg-Id for the stream's duplicate window) or off")
+			}
 		case "create":
 			p.create, perr = strconv.ParseBool(v)
 		case "partitions":
@@ -180,7 +192,7 @@ func (o *URLOpener) OpenTopicURL(ctx context.Context, u *url.URL) (driver.Topic,
 	if err != nil {
 		return nil, err
 	}
-	t, err := openTopic(ctx, js, p.stream, nil)
+	t, err := openTopic(ctx, js, p.stream, &p.topicO)
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -40,7 +40,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
 		HTTPClient:   sqs.NewHTTPClient(),
 	})
-	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second}
+	opts := &sqs.Options{Ordering: policy.Ordered, Lease: crashVisibility, WaitTime: time.Second, Logger: p.Config.Logger}
 	if schema := os.Getenv(envStartSchema); schema != "" {
 		pool, err := pgxpool.New(ctx, os.Getenv("KEYORDER_PG_URL"))
 		if err != nil {

@@ -70,6 +70,11 @@ func (s *subscriptionDriver) resolveRuns(ctx context.Context, ms []*driver.Messa
 		default:
 			m.Attempt = d.prior + d.mark.Runs() + 1
 		}
+		if d.mark.Earlier > 0 {
+			s.log.Debug("keyorder sqs: received again", "queue", s.queueURL, "id", m.ID,
+				"earlier_receives", d.mark.Earlier, "recorded_runs", d.mark.Runs(), "suspect", d.mark.Suspect(),
+				"store_failed", d.mark.Failed(), "attempt", m.Attempt)
+		}
 	}
 }
 

@@ -842,6 +842,36 @@ func TestKafka(t *testing.T) {
 	}
 }
 
+// NATS: the URLs create the stream (stats runs first); dead letters live
+// in the stream STREAM_dead and are listed, shown and redriven as on every
+// backend.
+func TestNATS(t *testing.T) {
+	server := testenv.Require(t, testenv.NATS)
+	topic := fmt.Sprintf("%s/CLI_%d", server, time.Now().UnixNano())
+	sub := topic + "?subscription=ops&ordering=ordered&lease=5s&create=true&partitions=2"
+	exercise(t, topic, sub)
+	st := statsOf(t, sub)
+	if st.Backend != "nats" || st.NativeHold || st.LeaseDuration != "5s" || st.MaxBatch != 500 || !is(st.Dead, 0) ||
+		!slices.Equal(st.Unknown, []string{"max_attempts", "min_backoff", "max_backoff", "pending", "keys", "held", "superseded"}) {
+		t.Errorf("stats --json on NATS: %+v", st)
+	}
+	if code, _, stderr := cmd(t, "", "held", sub); code != exitUnsupported || !strings.Contains(stderr, "NATS") {
+		t.Errorf("held on NATS: exit %d, %s", code, stderr)
+	}
+	// A stream that does not exist (no create=true) is not found.
+	missing := fmt.Sprintf("%s/CLI_missing_%d", server, time.Now().UnixNano())
+	if code, _, stderr := cmd(t, "x", "publish", missing, "--key", "k"); code != exitNotFound {
+		t.Errorf("publish to a missing stream: exit %d, stderr %q; want exit %d", code, stderr, exitNotFound)
+	}
+	// msg_id is a topic parameter: on a subscription URL it is a usage error.
+	if code, _, stderr := cmd(t, "", "stats", sub+"&msg_id=off"); code != exitUsage || !strings.Contains(stderr, `parameter "msg_id"`) {
+		t.Errorf("stats with msg_id: exit %d, stderr %q; want exit %d", code, stderr, exitUsage)
+	}
+	if code, _, stderr := cmd(t, "x", "publish", topic+"?msg_id=off", "--key", "k"); code != exitOK {
+		t.Errorf("publish with msg_id=off: exit %d, stderr %q", code, stderr)
+	}
+}
+
 // counts returns the subscriber's counts.
 func counts(s *subscribe.Subscriber) subscribe.Stats {
 	st, _ := s.Stats(context.Background())

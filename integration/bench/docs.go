@@ -43,7 +43,7 @@ var docSections = []docSection{
 	{name: "kafka", title: "Kafka (KRaft broker, 8 partitions): raw franz-go vs keyorder",
 		command: "go run ./integration/cmd/testenv run --only kafka -- go run ./integration/bench -backend kafka -n 200000 -rounds 2 -alternate -only 'raw,PublishAsync,PublishBatch' -out integration/bench/results"},
 	{name: "nats", title: "NATS JetStream (nats-server 2.15.3): raw nats.go jetstream vs keyorder",
-		command: "go run ./integration/cmd/testenv run --only nats -- go run ./integration/bench -backend nats -only 'raw,PublishAsync,PublishBatch' -out integration/bench/results"},
+		command: "go run ./integration/cmd/testenv run --only nats -- go run ./integration/bench -backend nats -only 'raw,PublishAsync,PublishBatch' -rounds 3 -alternate -out integration/bench/results"},
 	{name: "pgbatch", title: "Ordered batches on PostgreSQL: hot keys",
 		command: "go run ./integration/cmd/testenv run --only postgres -- go run ./integration/bench -backend pgbatch -out integration/bench/results"},
 	{name: "pgtx", title: "Exactly-once effects on PostgreSQL: HandleTx vs the plain ack",

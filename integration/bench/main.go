@@ -269,7 +269,7 @@ func runBackend(ctx context.Context, name string, o options, stdout io.Writer) (
 		}
 		for i, sys := range sel {
 			res := results[i]
-			fmt.Fprintf(stdout, "  %5d keys  %-26s publish %9.0f  consume %9.0f  e2e %9.0f msgs/s  violations %d  dups %d  (load %.2f)\n",
+			fmt.Fprintf(stdout, "  %5d keys  %-33s publish %9.0f  consume %9.0f  e2e %9.0f msgs/s  violations %d  dups %d  (load %.2f)\n",
 				k, sys.name, res.publish, res.consume, res.e2e, res.violations, res.dups, res.load)
 			rep.results = append(rep.results, res)
 		}

@@ -42,32 +42,35 @@ func natsBackend(context.Context) (*backend, error) {
 		_ = js.DeleteKeyValue(ctx, knats.StateBucket(id, "bench"))
 	}
 	// Each endpoint gets its own connections, as separate processes would.
-	f := func(ctx context.Context, id string) (*koDriver, error) {
-		pc, err := nats.Connect(addr)
-		if err != nil {
-			return nil, err
+	// topt are the topic's options (nil: defaults, with Nats-Msg-Id).
+	factory := func(topt *knats.TopicOptions) koFactory {
+		return func(ctx context.Context, id string) (*koDriver, error) {
+			pc, err := nats.Connect(addr)
+			if err != nil {
+				return nil, err
+			}
+			pjs, _ := jetstream.New(pc)
+			if _, err := knats.EnsureStream(ctx, pjs, id, natsPartitions); err != nil {
+				pc.Close()
+				return nil, err
+			}
+			sc, err := nats.Connect(addr)
+			if err != nil {
+				pc.Close()
+				return nil, err
+			}
+			sjs, _ := jetstream.New(sc)
+			sopts := &knats.SubscriptionOptions{Ordering: policy.Ordered, Logger: quiet()}
+			return &koDriver{
+				openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
+					return knats.OpenTopic(ctx, pjs, id, topt, cfg)
+				},
+				openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
+					return knats.OpenSubscription(ctx, sjs, id, "bench", sopts, cfg)
+				},
+				cleanup: func() { pc.Close(); sc.Close(); drop(id) },
+			}, nil
 		}
-		pjs, _ := jetstream.New(pc)
-		if _, err := knats.EnsureStream(ctx, pjs, id, natsPartitions); err != nil {
-			pc.Close()
-			return nil, err
-		}
-		sc, err := nats.Connect(addr)
-		if err != nil {
-			pc.Close()
-			return nil, err
-		}
-		sjs, _ := jetstream.New(sc)
-		sopts := &knats.SubscriptionOptions{Ordering: policy.Ordered, Logger: quiet()}
-		return &koDriver{
-			openPub: func(ctx context.Context, cfg *publish.Config) (*publish.Publisher, error) {
-				return knats.OpenTopic(ctx, pjs, id, nil, cfg)
-			},
-			openSub: func(ctx context.Context, cfg *subscribe.Config) (*subscribe.Subscriber, error) {
-				return knats.OpenSubscription(ctx, sjs, id, "bench", sopts, cfg)
-			},
-			cleanup: func() { pc.Close(); sc.Close(); drop(id) },
-		}, nil
 	}
 	t := koTuning{
 		subscribe:  subscribe.Config{Workers: 64, MaxOutstanding: 2000},
@@ -78,8 +81,11 @@ func natsBackend(context.Context) (*backend, error) {
 		name:  "nats",
 		title: "NATS JetStream (nats-server 2.15.3)",
 		note: fmt.Sprintf("Raw: nats.go jetstream, PublishMsgAsync of every message then PublishAsyncComplete; one durable pull consumer "+
-			"(Consume, explicit acks) handling each message in its callback. keyorder: streams of %d partitions, Ordered, %s, "+
-			"one owner per partition (here one process).", natsPartitions, lanesNote(64)),
+			"(Consume, explicit acks) handling each message in its callback; \"raw nats.go + Nats-Msg-Id\" sends a 36-character "+
+			"Nats-Msg-Id per message, which the stream checks and records in its duplicate window (2 minutes). keyorder: streams of %d partitions, "+
+			"Ordered, %s, one owner per partition (here one process); by default each message carries its ID as Nats-Msg-Id, "+
+			"and its ×raw ratios divide by \"raw nats.go + Nats-Msg-Id\"; the msg_id=off rows (TopicOptions.NoMsgID) send none "+
+			"and divide by plain \"raw nats.go\".", natsPartitions, lanesNote(64)),
 		systems: append([]system{{name: "raw nats.go", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) {
 				c, err := nats.Connect(addr)
@@ -93,7 +99,7 @@ func natsBackend(context.Context) (*backend, error) {
 				}
 				return &natsRaw{nc: c, js: cjs, stream: id, drop: drop}, nil
 			}}},
-			append(natsRawAttrs(addr, drop), koSystems(f, t)...)...),
+			append(natsRawAttrs(addr, drop), natsKoSystems(factory, t)...)...),
 		close: nc.Close,
 	}, nil
 }
@@ -108,15 +114,33 @@ type natsRaw struct {
 	idBase uint32
 }
 
-// natsRawAttrs returns, with -raw-attrs, the raw client publishing each
-// message with a Nats-Msg-Id header as keyorder does (a 36-character
-// ID): the stream then checks and records every ID in its duplicate
-// window, which the plain raw side skips.
-func natsRawAttrs(addr string, drop func(string)) []system {
-	if !*rawAttrs {
-		return nil
+// natsMsgIDRaw names the raw client sending a Nats-Msg-Id per message.
+const natsMsgIDRaw = "raw nats.go + Nats-Msg-Id"
+
+// natsKoSystems returns keyorder's systems twice: with the Nats-Msg-Id
+// (the default), compared with the raw client sending the same header,
+// and with msg_id=off, compared with the plain raw client. One run then
+// shows both: what keyorder costs over the raw client doing the same
+// thing, and what the duplicate window costs.
+func natsKoSystems(factory func(*knats.TopicOptions) koFactory, t koTuning) []system {
+	out := koSystems(factory(nil), t)
+	for i := range out {
+		out[i].refName = natsMsgIDRaw
 	}
-	return []system{{name: "raw nats.go + Nats-Msg-Id",
+	for _, s := range koSystems(factory(&knats.TopicOptions{NoMsgID: true}), t) {
+		s.name += " msg_id=off"
+		s.refName = "raw nats.go"
+		out = append(out, s)
+	}
+	return out
+}
+
+// natsRawAttrs returns the raw client publishing each message with a
+// Nats-Msg-Id header as keyorder does (a 36-character ID): the stream then
+// checks and records every ID in its duplicate window, which the plain raw
+// side skips.
+func natsRawAttrs(addr string, drop func(string)) []system {
+	return []system{{name: natsMsgIDRaw,
 		open: func(ctx context.Context, id string) (endpoint, error) {
 			c, err := nats.Connect(addr)
 			if err != nil {

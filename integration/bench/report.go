@@ -21,10 +21,12 @@ type report struct {
 	results []result
 }
 
-// ref returns the reference (raw client) result for k keys, if measured.
-func (r *report) ref(k int) (result, bool) {
+// ref returns the result that of's ratios divide by, if measured: the
+// system named by of.refName, else the reference (raw client), on the
+// same number of keys.
+func (r *report) ref(of result) (result, bool) {
 	for _, res := range r.results {
-		if res.keys == k && res.ref {
+		if res.keys == of.keys && (of.refName == "" && res.ref || of.refName != "" && res.system == of.refName) {
 			return res, true
 		}
 	}
@@ -60,7 +62,7 @@ func (r *report) markdown() string {
 	fmt.Fprintln(&b, "| keys | system | publish msgs/s | consume msgs/s | end-to-end msgs/s | publish ×raw | consume ×raw | end-to-end ×raw | order violations | duplicates | load avg |")
 	fmt.Fprintln(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, res := range r.results {
-		ref, ok := r.ref(res.keys)
+		ref, ok := r.ref(res)
 		ok = ok && !res.ref
 		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %d | %d | %.2f |\n",
 			res.keys, res.system, rate(res.publish), rate(res.consume), rate(res.e2e),

@@ -34,6 +34,9 @@ type system struct {
 	// ref marks the raw client the ratios divide by (the first system
 	// of a backend).
 	ref bool
+	// refName, when set, names the system this one's ratios divide by
+	// instead of the ref (a raw client configured as this system is).
+	refName string
 	// open returns a fresh endpoint; id is unique within the program's run.
 	open func(ctx context.Context, id string) (endpoint, error)
 }
@@ -57,6 +60,7 @@ type backend struct {
 type result struct {
 	system           string
 	ref              bool
+	refName          string // see system.refName
 	keys             int
 	publish, consume float64 // msgs/s
 	e2e              float64 // msgs/s, publishing and consuming at once
@@ -91,7 +95,7 @@ func loadAvg() float64 {
 // backlog (timed), then on a fresh endpoint publish and consume at once
 // (timed from the first publish to the last message handled).
 func measure(ctx context.Context, b *backend, sys system, w *workload, o options) (result, error) {
-	res := result{system: sys.name, ref: sys.ref, keys: len(w.keys), load: loadAvg()}
+	res := result{system: sys.name, ref: sys.ref, refName: sys.refName, keys: len(w.keys), load: loadAvg()}
 	var pubs, cons, e2es []float64
 	for range max(o.rounds, 1) {
 		pub, con, v, d, err := backlogRun(ctx, b, sys, w, o)
@@ -182,7 +186,7 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 	}
 	pub = float64(w.n()) / time.Since(start).Seconds()
 	if *rpcs && b.stats != nil {
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s publish %9.0f msgs/s (load %.2f): %s\n", len(w.keys), sys.name, pub, loadAvg(), b.stats(id))
 	}
 	if *publishOnly {
 		return pub, 0, 0, 0, nil
@@ -192,13 +196,13 @@ func backlogRun(ctx context.Context, b *backend, sys system, w *workload, o opti
 	el, err := consumeAll(ctx, ep, chk, time.Now(), nil)
 	if cpu0 >= 0 && err == nil {
 		cpu := brokerCPU() - cpu0
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume: server CPU %.1f ms per 1,000 messages (%.0f ms in %.1f s)\n", len(w.keys), sys.name, cpu*1e6/float64(w.n()), cpu*1000, el.Seconds())
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s consume: server CPU %.1f ms per 1,000 messages (%.0f ms in %.1f s)\n", len(w.keys), sys.name, cpu*1e6/float64(w.n()), cpu*1000, el.Seconds())
 	}
 	if err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("%s: consume: %w", sys.name, err)
 	}
 	if *rpcs && b.consumeStats != nil {
-		fmt.Fprintf(os.Stderr, "  %5d keys  %-26s consume %9.0f msgs/s (load %.2f):%s\n", len(w.keys), sys.name, float64(w.n())/el.Seconds(), loadAvg(), b.consumeStats(id, w.n()))
+		fmt.Fprintf(os.Stderr, "  %5d keys  %-33s consume %9.0f msgs/s (load %.2f):%s\n", len(w.keys), sys.name, float64(w.n())/el.Seconds(), loadAvg(), b.consumeStats(id, w.n()))
 	}
 	return pub, float64(w.n()) / el.Seconds(), chk.viol.Load(), chk.dups.Load(), nil
 }

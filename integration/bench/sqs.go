@@ -35,7 +35,7 @@ const (
 // keyorder-like deduplication ID, and receives them back
 // (MessageAttributeNames All), to measure what the attributes cost the
 // broker apart from the rest of keyorder.
-var rawAttrs = flag.Bool("raw-attrs", false, "sqs: also run the raw client sending and receiving keyorder's message attributes; nats: also the raw client sending a Nats-Msg-Id per message")
+var rawAttrs = flag.Bool("raw-attrs", false, "sqs: also run the raw client sending and receiving keyorder's message attributes (nats always runs its raw client sending a Nats-Msg-Id per message)")
 
 // rawKoReceive adds a raw system that also receives with the parameters
 // keyorder's driver sends on every ReceiveMessage call (a

@@ -86,7 +86,14 @@ func consume(open OpenFunc) int {
 	workers, _ := strconv.Atoi(os.Getenv(envWorkers))
 	failP, _ := strconv.ParseFloat(os.Getenv(envFail), 64)
 	poison := os.Getenv(envPoison)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The subscriber's and the driver's log, every level, goes to a file
+	// beside the records: a failing check prints the lines about the
+	// messages it traces (see logLines).
+	var logw io.Writer = io.Discard
+	if f, err := os.OpenFile(os.Getenv(envRecords)+".log", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+		logw = f
+	}
+	quiet := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	sub, err := open(ctx, Params{Config: &subscribe.Config{
 		Workers: workers, Logger: quiet,
 		Retry: policy.Retry{MaxAttempts: maxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond},

@@ -243,18 +243,20 @@ func Run(t testing.TB, sc Scenario) Result {
 	}
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	var deadErr error // the last failure to list the dead letters
 	for n := 0; ; n++ {
 		miss := missing(readAll())
 		if len(miss) == 0 {
 			break
 		}
 		if n%4 == 0 || len(miss) < 3 {
-			ds, err := sc.DeadLetters(ctx)
-			if err != nil && ctx.Err() == nil {
-				t.Fatalf("proctest: dead letters: %v", err)
-			}
-			if err == nil {
-				dead = ds
+			// A failed listing (a connection the broker closed) is tried
+			// again at the next tick; it fails the test only at the
+			// Timeout.
+			if ds, err := sc.DeadLetters(ctx); err != nil {
+				deadErr = err
+			} else {
+				dead, deadErr = ds, nil
 			}
 		}
 		select {
@@ -263,8 +265,8 @@ func Run(t testing.TB, sc Scenario) Result {
 			if len(miss) > 10 {
 				miss = miss[:10]
 			}
-			t.Fatalf("proctest: after %v, %d of %d messages neither completed nor dead-lettered (first: %v); %d processes ran",
-				sc.Timeout, len(missing(readAll())), len(all), miss, len(procs))
+			t.Fatalf("proctest: after %v, %d of %d messages neither completed nor dead-lettered (first: %v); %d processes ran; last error listing dead letters: %v",
+				sc.Timeout, len(missing(readAll())), len(all), miss, len(procs), deadErr)
 		}
 	}
 	elapsed := time.Since(began)
@@ -326,11 +328,17 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 	// Dead letters: none unrun or early, and the poison within its bound.
 	deadAt := map[string]bool{}
 	for _, d := range dead {
+		deadAt[d.Message.ID] = true
+	}
+	var traced []string // keys whose history is logged below
+	for _, d := range dead {
 		id := d.Message.ID
-		deadAt[id] = true
 		if n := runs[id]; n < sc.MaxAttempts {
 			t.Errorf("proctest: %s dead-lettered after %d run(s) of its own (MaxAttempts %d; reason %q, attempts %d): dead-lettered unrun or early",
 				id, n, sc.MaxAttempts, d.Reason, d.Attempts)
+			if key, _, _ := parseID(id); len(traced) == 0 {
+				traced = append(traced, key)
+			}
 		}
 	}
 	if poison != "" {
@@ -344,8 +352,9 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 	}
 
 	// Per key: attempts never overlap, and an attempt of message n starts
-	// only after every earlier message of its key completed (an ok end) or
-	// was dead-lettered (after its last run).
+	// only after every earlier message of its key completed (its first ok
+	// end) or, never completed, was dead-lettered (after its last run):
+	// see releaseTimes.
 	byKey := map[string][]*span{}
 	for _, sp := range spans {
 		key, _, _ := parseID(sp.id)
@@ -354,21 +363,7 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 	var violations []string
 	for key, ss := range byKey {
 		slices.SortFunc(ss, func(a, b *span) int { return cmp.Compare(a.start, b.start) })
-		released := map[int]int64{} // seq -> when it completed (first ok end, or last start if dead)
-		for _, sp := range ss {
-			if sp.ok {
-				if at, ok := released[sp.seq]; !ok || sp.end < at {
-					released[sp.seq] = sp.end
-				}
-			}
-		}
-		for _, sp := range ss {
-			if deadAt[sp.id] && !sp.ok {
-				if at, ok := released[sp.seq]; !ok || sp.start > at {
-					released[sp.seq] = sp.start
-				}
-			}
-		}
+		released := releaseTimes(ss, deadAt)
 		var last *span // the attempt that ends last among those started before sp
 		for _, sp := range ss {
 			if last != nil && sp.start < last.end {
@@ -384,21 +379,33 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 						key, sp.id, sp.attempt, sp.proc, msgID(key, m)))
 					break
 				}
+				if v := overtook(ss, sp, msgID(key, m)); v != "" {
+					violations = append(violations, fmt.Sprintf("key %s: %s", key, v))
+					break
+				}
 			}
 		}
 	}
 	if len(violations) > 0 {
 		slices.Sort(violations)
 		t.Errorf("proctest: %d order violation(s), first: %v", len(violations), violations[:min(5, len(violations))])
-		// The first violating key's attempts, to trace it from the test's
-		// output alone: each with its process, start and end (ms from the
-		// first record), and how it ended.
 		key := strings.Fields(strings.TrimPrefix(violations[0], "key "))[0]
-		key = strings.TrimSuffix(key, ":")
-		t0 := int64(0)
-		if len(rs) > 0 {
-			t0 = rs[0].at
+		if key = strings.TrimSuffix(key, ":"); !slices.Contains(traced, key) {
+			traced = append(traced, key)
 		}
+	}
+	if len(traced) == 0 {
+		return
+	}
+	// The traced keys' history, to trace a failure from the test's output
+	// alone: each attempt with its process, start and end (s from the first
+	// record) and how it ended, the key's dead letters, the consumers' log
+	// lines about the key's messages, and when each process ended.
+	t0 := int64(0)
+	if len(rs) > 0 {
+		t0 = rs[0].at
+	}
+	for _, key := range traced {
 		for _, sp := range byKey[key] {
 			how := "ok"
 			switch {
@@ -413,10 +420,117 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 			t.Logf("proctest: %s@%d process %d: %.3f–%.3f s, %s", sp.id, sp.attempt, sp.proc,
 				float64(sp.start-t0)/1e9, float64(sp.end-t0)/1e9, how)
 		}
-		for i, p := range procs {
-			t.Logf("proctest: process %d ended at %.3f s", i, float64(p.endAt-t0)/1e9)
+		for _, d := range dead {
+			if k, _, _ := parseID(d.Message.ID); k == key {
+				t.Logf("proctest: dead letter %s: reason %q, attempts %d", d.Message.ID, d.Reason, d.Attempts)
+			}
+		}
+		for _, p := range procs {
+			for _, line := range logLines(p.records+".log", key) {
+				t.Logf("proctest: process %d log: %s", p.index, line)
+			}
 		}
 	}
+	for i, p := range procs {
+		how := "killed"
+		switch p.code {
+		case PoisonExitCode:
+			how = "poison exit"
+		case -1:
+		default:
+			how = fmt.Sprintf("exit %d", p.code)
+		}
+		t.Logf("proctest: process %d ended at %.3f s (%s)", i, float64(p.endAt-t0)/1e9, how)
+	}
+}
+
+// logLines returns the lines of a consumer's log file that name a message
+// of key (or, for lines naming no message, a failure of a whole call:
+// extending leases, acknowledging, receiving), at most 50.
+func logLines(path, key string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSpace(line)
+		if strings.Contains(line, "id="+key+"-") || strings.Contains(line, "key="+key+" ") ||
+			strings.Contains(line, "level=WARN") && !strings.Contains(line, " id=") {
+			out = append(out, line)
+			if len(out) == 50 {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// releaseTimes returns, for each message of one key's attempts ss, when
+// its key's later messages may start: its first ok end (the handler
+// completed it), or, for a message dead-lettered without ever completing,
+// the start of its last attempt (it was dead-lettered after that run).
+//
+// A message that completed is released at that completion even when it is
+// dead-lettered later: delivery is at least once, so when a process dies
+// after a handler returned but before its delete landed, the message
+// comes back and runs again, and a redelivery may fail until it is
+// dead-lettered. The later messages that ran in the dead process after the
+// completion ran in order; they come back too, behind the redelivered one.
+func releaseTimes(ss []*span, deadAt map[string]bool) map[int]int64 {
+	released := map[int]int64{}
+	for _, sp := range ss {
+		if sp.ok {
+			if at, ok := released[sp.seq]; !ok || sp.end < at {
+				released[sp.seq] = sp.end
+			}
+		}
+	}
+	lastFailed := map[int]int64{}
+	for _, sp := range ss {
+		if deadAt[sp.id] && !sp.ok {
+			if at, ok := lastFailed[sp.seq]; !ok || sp.start > at {
+				lastFailed[sp.seq] = sp.start
+			}
+		}
+	}
+	for seq, at := range lastFailed {
+		if _, ok := released[seq]; !ok {
+			released[seq] = at
+		}
+	}
+	return released
+}
+
+// overtook checks sp against the attempts of id, an earlier message of its
+// key, in sp's own process: if the latest attempt of id there that started
+// before sp failed, and id ran there again after sp started, sp overtook
+// a failed message waiting for its retry in process (releaseTimes checks
+// only id's first completion, so this catches overtaking on a redelivery
+// of an id that completed once before a crash cut its acknowledgement).
+// Attempts in other processes are not compared: a process whose lease was
+// lost may run a stale duplicate of id after another completed it. It
+// returns the violation, or "".
+func overtook(ss []*span, sp *span, id string) string {
+	var latest *span
+	again := false
+	for _, o := range ss {
+		if o.id != id || o.proc != sp.proc {
+			continue
+		}
+		if o.start <= sp.start {
+			if latest == nil || o.start >= latest.start {
+				latest = o
+			}
+		} else {
+			again = true
+		}
+	}
+	if latest == nil || latest.ok || !latest.ended || !again {
+		return ""
+	}
+	return fmt.Sprintf("%s@%d (process %d) started after %s@%d failed there and before it ran there again",
+		sp.id, sp.attempt, sp.proc, id, latest.attempt)
 }
 
 // EnvKnownBreaks, set to 1, runs the scenarios declared with KnownBreak.
