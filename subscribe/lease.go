@@ -35,7 +35,7 @@ func (s *Subscriber) keepLeases(ctx context.Context, done chan<- struct{}) {
 		}
 		next := period
 		if back := s.expireBarriers(time.Now()); len(back) > 0 {
-			s.cut(back)
+			s.cutBack(back)
 		}
 		s.mu.Lock()
 		if s.outstanding.n == 0 {

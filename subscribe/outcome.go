@@ -404,6 +404,19 @@ func (s *Subscriber) ackNow(its []*item) {
 // broker redelivers them), the others released unhandled, and their chains
 // broken.
 func (s *Subscriber) cut(its []*item) {
+	if s.barriers() {
+		// Under in-process hold the key's messages ranked after them
+		// wait until they come back (lostkey.go).
+		s.mu.Lock()
+		s.leaseLost(its)
+		s.mu.Unlock()
+	}
+	s.cutBack(its)
+}
+
+// cutBack is cut without setting a barrier: for what a barrier gave up
+// on, or held when Run ends.
+func (s *Subscriber) cutBack(its []*item) {
 	var back []*item
 	for _, it := range its {
 		if it.chain != nil {

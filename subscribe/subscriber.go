@@ -333,7 +333,7 @@ func (s *Subscriber) run(ctx context.Context, pool *lanes.Pool[*item], bpool *la
 		s.giveBackAtStop(live)
 	}
 	if aside := s.liftAllBarriers(); len(aside) > 0 {
-		s.cut(aside)
+		s.cutBack(aside)
 	}
 	s.acks.close()
 	<-ackDone
