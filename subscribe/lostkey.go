@@ -15,10 +15,10 @@ package subscribe
 // the key comes to run only when no message ranked before it is away; one
 // that may not is put aside (kept leased, holding no flow-control token,
 // counted as held). When a message away comes back and may run, what is
-// put aside goes back to the broker first and is expected back in turn: a broker that
-// redelivers per delivery skips the messages this process still leases
-// and hands out the key's later ones, so a message kept aside past its
-// turn would come back after messages ranked behind it. The barrier goes
+// put aside goes back to the broker first and is expected back in turn: a
+// broker that redelivers per delivery skips the messages this process
+// still leases and hands out the key's later ones, so a message kept aside
+// past its turn would come back after messages ranked behind it. The barrier goes
 // when nothing of the key is away or aside. One whose messages do not come
 // back to this process (another consumer took them) is lifted after
 // barrierLeases lease periods without progress while no handler runs a
@@ -46,7 +46,7 @@ type barrier struct {
 	aside []*item   // the key's messages put aside, in the order they came
 }
 
-// rankOf is it's place in its key's order (see barrier.rank).
+// rankOf is its place in its key's order (see barrier.rank).
 func (b *barrier) rankOf(it *item) uint64 {
 	if r, ok := b.rank[it.m.ID]; ok {
 		return r
@@ -54,12 +54,27 @@ func (b *barrier) rankOf(it *item) uint64 {
 	return it.seq
 }
 
-// sendAway records it as away, keeping its rank.
-func (b *barrier) sendAway(it *item) {
+// keepRank ranks it by its receive order unless it has a rank already.
+func (b *barrier) keepRank(it *item) {
 	if _, ok := b.rank[it.m.ID]; !ok {
 		b.rank[it.m.ID] = it.seq
 	}
+}
+
+// sendAway records it as away, keeping its rank.
+func (b *barrier) sendAway(it *item) {
+	b.keepRank(it)
 	b.away[it.m.ID] = true
+}
+
+// awayBefore reports whether a message ranked before r is away.
+func (b *barrier) awayBefore(r uint64) bool {
+	for id := range b.away {
+		if b.rank[id] < r {
+			return true
+		}
+	}
+	return false
 }
 
 // barriers reports whether lost leases set barriers: Ordered with the
@@ -89,9 +104,7 @@ func (s *Subscriber) leaseLost(its []*item) {
 			// The key's messages held here rank by when they came.
 			if h := s.holds[it.key]; h != nil {
 				for o := h.head; o != nil; o = o.nextK {
-					if _, ok := b.rank[o.m.ID]; !ok {
-						b.rank[o.m.ID] = o.seq
-					}
+					b.keepRank(o)
 				}
 			}
 		}
@@ -119,21 +132,15 @@ func (s *Subscriber) behindBarrier(it *item) (aside bool, giveBack []*item) {
 		delete(b.away, it.m.ID)
 		b.since = time.Now()
 	}
-	r := b.rankOf(it)
-	for id := range b.away {
-		if b.rank[id] < r {
-			b.aside = append(b.aside, it)
-			if _, ok := b.rank[it.m.ID]; !ok {
-				b.rank[it.m.ID] = it.seq
-			}
-			free := s.untoken(it)
-			if free > 0 {
-				s.mu.Unlock()
-				s.releaseTokens(free)
-				s.mu.Lock()
-			}
-			return true, nil
+	if b.awayBefore(b.rankOf(it)) {
+		b.aside = append(b.aside, it)
+		b.keepRank(it)
+		if free := s.untoken(it); free > 0 {
+			s.mu.Unlock()
+			s.releaseTokens(free)
+			s.mu.Lock()
 		}
+		return true, nil
 	}
 	if !came {
 		// Ranked before every message away: what waits aside stays
