@@ -80,9 +80,13 @@ func (b *barrier) rankOf(it *item) uint64 {
 	return it.seq
 }
 
-// keepRank ranks it by its receive order unless it has a rank already.
+// keepRank ranks it by its receive order unless it has an earlier rank
+// already: a message has several items when it was redelivered, and its
+// rank is its first receipt's whichever item the barrier sees first (a
+// renewal reports its losses latest first, so the redelivery's item may
+// come before the first one's).
 func (b *barrier) keepRank(it *item) {
-	if _, ok := b.rank[it.m.ID]; !ok {
+	if r, ok := b.rank[it.m.ID]; !ok || it.seq < r {
 		b.rank[it.m.ID] = it.seq
 	}
 }

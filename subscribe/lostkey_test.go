@@ -35,6 +35,9 @@ type perDelivery struct {
 	lost      map[*driver.Message]bool
 	released  []string
 	onRelease func(ids []string)
+	// maxOutstanding, when set, is the subscriber's
+	// Config.MaxOutstanding (runPerDelivery).
+	maxOutstanding int
 	// onAck and onDeadLetter, when set, run in Ack and DeadLetter; the
 	// error onDeadLetter returns is DeadLetter's.
 	onAck        func(ms []*driver.Message)
@@ -180,7 +183,7 @@ func runPerDelivery(t *testing.T, p *perDelivery, batch int, handle func(ctx con
 // runPerDeliveryOn is runPerDelivery over drv, p or a wrapper of it.
 func runPerDeliveryOn(t *testing.T, p *perDelivery, drv driver.Subscription, batch int, handle func(ctx context.Context, d *keyorder.Delivery) error) {
 	t.Helper()
-	cfg := &subscribe.Config{Logger: quiet, Workers: 2}
+	cfg := &subscribe.Config{Logger: quiet, Workers: 2, MaxOutstanding: p.maxOutstanding}
 	if batch > 0 {
 		cfg.Batch = &subscribe.BatchConfig{MaxSize: batch}
 	}
@@ -309,6 +312,49 @@ func TestBarrierOutlastsLongHandler(t *testing.T) {
 			t.Fatalf("completions %v; want [k1 k2 k3]", got)
 		}
 	})
+}
+
+// TestRedeliveredKeepsFirstRank: a barrier is set for k2's lost lease
+// while k1 runs; k3 and k4 come after it, k4 is lost, then k3 is
+// delivered a second time and both of k3's deliveries are lost in one
+// renewal (which reports the latest first). k3 ranks by its first receipt,
+// before k4: the redeliveries complete k2, k3, k4. Before a message's
+// rank was the earliest of its items' (seed 7948 with
+// KEYORDER_MODEL_CLASSES=revoke, about 1 run in 150), k3 ranked by its
+// second delivery, after k4, and waited aside while k4 ran: completions
+// [k1 k2 k4 k3].
+func TestRedeliveredKeepsFirstRank(t *testing.T) {
+	for _, batch := range []int{0, 1} {
+		t.Run(map[int]string{0: "Run", 1: "RunBatch"}[batch], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := newPerDelivery()
+				p.maxOutstanding = 10 // k3's second delivery comes while k1 runs
+				first := p.deliver("k1", "k2")
+				p.onRelease = func(ids []string) { p.deliver(ids...) }
+				var done completions
+				runPerDelivery(t, p, batch, func(ctx context.Context, d *keyorder.Delivery) error {
+					if d.ID == "k1" && d.Attempt == 1 {
+						p.lose(first[1]) // k2: a barrier
+						time.Sleep(4 * time.Second)
+						later := p.deliver("k3", "k4")
+						time.Sleep(time.Second)
+						p.lose(later[1]) // k4, ranked as it goes
+						time.Sleep(4 * time.Second)
+						again := p.deliver("k3")
+						time.Sleep(time.Second)
+						p.lose(later[0], again[0]) // both of k3's, in one renewal
+						time.Sleep(4 * time.Second)
+						p.deliver("k2", "k3", "k4")
+					}
+					done.add(d.ID)
+					return nil
+				})
+				if got := done.get(); !slices.Equal(got, []string{"k1", "k2", "k3", "k4"}) {
+					t.Fatalf("completions %v; want [k1 k2 k3 k4]", got)
+				}
+			})
+		})
+	}
 }
 
 // returning is perDelivery with driver.Returner: it records what comes back

@@ -69,10 +69,10 @@ type Subscriber struct {
 	// lostKeys: the keys waiting for a lost message's redelivery (see
 	// lostkey.go).
 	lostKeys map[string]*barrier
-	// revocations: the revocations made since the pump's last
-	// registration of what it received, numbered by revokeGen (see
-	// revoke.go).
-	revocations []revocation
+	// revocations: the revocations running, and those that ended since
+	// the pump's last registration of what it received; revokeGen counts
+	// their starts and ends (see revoke.go).
+	revocations []*revocation
 	revokeGen   atomic.Uint64
 	// revokeWaits: for each item revoked while it ran (item.revoking),
 	// closed when its run's result has reached the driver.
