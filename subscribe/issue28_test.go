@@ -918,3 +918,73 @@ func sortedCopy(s []string) []string {
 	slices.Sort(c)
 	return c
 }
+
+// TestRevokeTakesBackWhatArrivesMeanwhile: a driver may hand out a
+// revoked message while revoke waits for a running handler (the broker
+// takes it back only once revoke has returned): b1, received while a1
+// runs out its revocation by a Receive begun after the revocation (c1,
+// not revoked, ended the one under way), never starts here, and revoke
+// returns as a1 ends. Before the fix a revocation applied only to what a Receive begun
+// before it returned: b1 started during the revocation and ran on after
+// it returned, beside the key's next owner (seed 1735 with
+// KEYORDER_MODEL_CLASSES=revoke, now and then: an acknowledged message
+// redelivered during the wait).
+func TestRevokeTakesBackWhatArrivesMeanwhile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t, &memory.SubscriptionOptions{Ordering: policy.Ordered, Hold: memory.InProcess, Lease: time.Hour})
+		raw, err := memhook.Of(w.b).SubscriptionDriver("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := &revocable{Subscription: raw}
+		publishAll(t, w, "A", "a1") // runs 5 s
+		var starts startLog
+		s, stop := w.start(t, drv, &subscribe.Config{Workers: 4}, func(ctx context.Context, d *keyorder.Delivery) error {
+			starts.add(d.ID)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Second):
+			}
+			return nil
+		})
+		defer stop()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		drv.mu.Lock()
+		revoke := drv.revoke
+		drv.mu.Unlock()
+		sel := func(m *driver.Message) bool { return m.Key == "A" || m.Key == "B" }
+		returned := make(chan []*driver.Message, 1)
+		go func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			returned <- revoke(rctx, sel)
+		}()
+		time.Sleep(time.Second)
+		publishAll(t, w, "C", "c1") // not revoked: the Receive under way returns it
+		time.Sleep(time.Second)
+		publishAll(t, w, "B", "b1") // handed out during the revocation, to a Receive begun after it
+		synctest.Wait()
+		if got := starts.get(); !slices.Equal(got, []string{"a1", "c1"}) {
+			t.Fatalf("started %v while the revocation ran; want [a1 c1] (b1 was revoked as it arrived)", got)
+		}
+		if still := <-returned; len(still) != 0 {
+			t.Fatalf("revoke returned %v still running; want none", still)
+		}
+		drv.mu.Lock()
+		drv.revoked = sel // the broker has taken them back
+		drv.mu.Unlock()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if got := starts.get(); !slices.Equal(got, []string{"a1", "c1"}) {
+			t.Fatalf("started %v; want [a1 c1]: b1 belongs to the partition's next owner", got)
+		}
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		if len(drv.settled) != 0 {
+			t.Fatalf("settled %v after the revocation; the broker gave them to another process", drv.settled)
+		}
+		_ = s
+	})
+}

@@ -122,7 +122,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.releaseTokens(n)
 			return nil
 		}
-		gen := s.revokeGen.Load() // revocations before this Receive
+		gen := s.revokeGen.Load() // revocations begun or ended before this Receive
 		ms, err := s.drv.Receive(ctx, n)
 		if len(ms) > n {
 			// A driver broke its contract; the extra messages carry no
@@ -209,7 +209,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 				free += s.untoken(it)
 			}
 		}
-		if s.revokeGen.Load() != gen {
+		if len(s.revocations) > 0 {
 			free += s.revokeReceived(its, gen)
 		}
 		s.mu.Unlock()

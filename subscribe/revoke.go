@@ -5,6 +5,7 @@ package subscribe
 
 import (
 	"context"
+	"slices"
 
 	"github.com/keyorder/keyorder/driver"
 )
@@ -24,7 +25,13 @@ import (
 // rebalance does not charge an attempt for, and rerun, work that finishes
 // within the revocation's time. When ctx ends first, the handlers still
 // running have their contexts cancelled and are fenced (what they return
-// is not settled), and revoke returns their messages.
+// is not settled), and revoke returns their messages. A message picked by
+// selected that a Receive returns while revoke runs, or that a Receive
+// begun before revoke returned returns later, is revoked as it is
+// registered (revokeReceived): the broker may hand out what it revokes
+// until it takes it back, after revoke has returned (seed 1735 with
+// KEYORDER_MODEL_CLASSES=revoke: a duplicate delivered during the wait
+// ran on, and overlapped its key's next owner).
 func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message {
 	type wait struct {
 		it *item
@@ -35,7 +42,16 @@ func (s *Subscriber) revoke(ctx context.Context, selected func(*driver.Message) 
 	s.mu.Lock()
 	// Messages a Receive returned that the pump has not registered yet
 	// are revoked when it does (revokeReceived).
-	s.revocations = append(s.revocations, revocation{gen: s.revokeGen.Add(1), selected: selected})
+	rv := &revocation{selected: selected}
+	s.revokeGen.Add(1)
+	s.revocations = append(s.revocations, rv)
+	defer func() {
+		// Until here what a Receive returns may still be revoked: a
+		// Receive begun before now that returns later too.
+		s.mu.Lock()
+		rv.end = s.revokeGen.Add(1)
+		s.mu.Unlock()
+	}()
 	var revoked []*item
 	for it := s.outstanding.head; it != nil; {
 		next := it.nextO
@@ -121,24 +137,28 @@ func (s *Subscriber) revokeSettled(run []*item) {
 	}
 }
 
-// revocation is one call of revoke, for the messages a Receive returned
-// before it and the pump had not registered yet.
+// revocation is one call of revoke, for the messages a Receive returns
+// that revoke's walk of the outstanding set did not see: those the pump
+// had not registered yet when it began, and those a Receive returns until
+// it has returned (the broker takes them back only then).
 type revocation struct {
-	gen      uint64
+	// end is revokeGen as revoke returned; 0 while it runs.
+	end      uint64
 	selected func(*driver.Message) bool
 }
 
-// revokeReceived applies the revocations made since a Receive began (gen
-// was revokeGen then) to what it returned, just registered as
-// outstanding: the selected leave the outstanding set, lost and fenced,
-// and are dropped when their turn comes. It returns the tokens to
-// release. Every revocation made so far is then applied to everything
-// registered, so the list is emptied. Called with s.mu held.
+// revokeReceived applies to what a Receive returned, just registered as
+// outstanding, the revocations that ran at some time since it began (gen
+// was revokeGen then): those still running, and those that ended after
+// gen. The selected leave the outstanding set, lost and fenced, and are
+// dropped when their turn comes. It returns the tokens to release. The
+// revocations that have ended are then forgotten: every later Receive
+// begins after their end. Called with s.mu held.
 func (s *Subscriber) revokeReceived(its []*item, gen uint64) int {
 	toks := 0
 	var revoked []*item
 	for _, r := range s.revocations {
-		if r.gen <= gen {
+		if r.end != 0 && r.end <= gen {
 			continue
 		}
 		for _, it := range its {
@@ -157,7 +177,6 @@ func (s *Subscriber) revokeReceived(its []*item, gen uint64) int {
 		}
 	}
 	s.leaseLost(revoked)
-	clear(s.revocations)
-	s.revocations = s.revocations[:0]
+	s.revocations = slices.DeleteFunc(s.revocations, func(r *revocation) bool { return r.end != 0 })
 	return toks
 }

@@ -58,6 +58,12 @@ func (h *harness) Capabilities() drivertest.Capabilities {
 }
 
 func (h *harness) MakePair(ctx context.Context, t *testing.T, spec drivertest.Spec) (*drivertest.Pair, error) {
+	// The cases run in parallel (as many at once as go test's -parallel,
+	// GOMAXPROCS by default): each has its own stream, subscription and
+	// connections, and most of a case's time is waiting out leases and
+	// retry delays. MakePair is the first thing a case does, so nothing of
+	// it has started while it waits for its turn.
+	t.Parallel()
 	stream := uniqueName("S")
 	if _, err := kn.EnsureStream(ctx, h.js, stream, conformancePartitions); err != nil {
 		return nil, err

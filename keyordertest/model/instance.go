@@ -21,6 +21,31 @@ type Instance struct {
 	mu      sync.Mutex
 	revoke  func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
 	crashed bool
+
+	// Guarded by the broker's mu: the revocations under way from this
+	// instance (Broker.Revoke), and how many have begun.
+	revoking []*revoking
+	revokes  uint64
+}
+
+// revoking is a Broker.Revoke under way: from its start until the broker
+// takes the leases back, a Receive of the instance begun after its start
+// returns none of the keys it selects.
+type revoking struct {
+	n        uint64 // the instance's revokes as it began
+	selected func(key string) bool
+}
+
+// withheld reports whether a Receive of i begun when i.revokes was began
+// must not return a message of key: a revocation selecting it began since.
+// The broker's mu is held.
+func (i *Instance) withheld(key string, began uint64) bool {
+	for _, r := range i.revoking {
+		if r.n <= began && r.selected(key) {
+			return true
+		}
+	}
+	return false
 }
 
 // NewInstance returns a new consumer process on the broker.
@@ -167,6 +192,9 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 			timer.Stop()
 		}
 	}()
+	b.mu.Lock()
+	began := i.revokes // revocations begun before this Receive
+	b.mu.Unlock()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -184,7 +212,7 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 		b.mu.Lock()
 		now := time.Now()
 		b.expire(now)
-		out := b.take(i, maxMessages, now)
+		out := b.take(i, maxMessages, now, began)
 		if len(out) > 0 || err != nil {
 			b.mu.Unlock()
 			if err != nil {
@@ -379,6 +407,11 @@ func (i *Instance) DeadLetter(ctx context.Context, m *driver.Message, reason str
 
 // Capabilities implements driver.Subscription.
 func (i *Instance) Capabilities() driver.Capabilities { return i.b.Capabilities() }
+
+// ReleaseRedelivers implements driver.ReleaseRedeliverer: a released
+// message is deliverable again at once, and a streaming key's messages go
+// out in key order.
+func (i *Instance) ReleaseRedelivers() bool { return true }
 
 // IsRetryable implements driver.Subscription: injected failures are.
 func (i *Instance) IsRetryable(err error) bool { return topic{}.IsRetryable(err) }

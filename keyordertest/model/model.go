@@ -357,8 +357,9 @@ func (b *Broker) heldByOther(key string, inst *Instance) bool {
 	return false
 }
 
-// take leases up to max deliverable messages to inst; b.mu is held.
-func (b *Broker) take(inst *Instance, max int, now time.Time) []*driver.Message {
+// take leases up to max deliverable messages to inst for a Receive begun
+// when inst.revokes was began; b.mu is held.
+func (b *Broker) take(inst *Instance, max int, now time.Time, began uint64) []*driver.Message {
 	var out []*driver.Message
 	due := func(r *rec) bool { return !r.notBefore.After(now) }
 	done := map[string]bool{} // keys decided in this take
@@ -370,6 +371,9 @@ func (b *Broker) take(inst *Instance, max int, now time.Time) []*driver.Message 
 			continue
 		}
 		key := r.msg.Key
+		if inst.withheld(key, began) {
+			continue
+		}
 		if key == "" || b.cfg.Ordering == policy.Parallel && b.cfg.NativeHold {
 			if due(r) {
 				out = append(out, b.lend(inst, r, false, now))
@@ -418,7 +422,7 @@ func (b *Broker) take(inst *Instance, max int, now time.Time) []*driver.Message 
 	if b.chance(b.cfg.Faults.Duplicate) && len(out) < max {
 		var cands []*rec
 		for _, r := range b.recs {
-			if r.acked && r.lease == nil {
+			if r.acked && r.lease == nil && !inst.withheld(r.msg.Key, began) {
 				if _, ok := b.keyLeased(r.msg.Key); !ok || r.msg.Key == "" {
 					cands = append(cands, r)
 				}
@@ -536,16 +540,32 @@ func (b *Broker) Unsettled() []string {
 // message that may have been running counts an attempt), so another
 // instance can receive them. It returns the messages the revoke function
 // reported still running. Never call it from inside a driver call.
+//
+// While it runs, a Receive of inst that was under way when it began may
+// still return selected messages (as a Kafka fetch under way does), and
+// the portable layer must not run them; a Receive begun after it began
+// returns none (a driver stops handing out a revoked partition before it
+// calls revoke: once revoke has returned, "no selected message that had
+// not started will start in this process", driver.Revocable, which no
+// consumer can keep for a message handed out after it returned).
 func (b *Broker) Revoke(ctx context.Context, inst *Instance, selected func(key string) bool) []*driver.Message {
 	inst.mu.Lock()
 	revoke := inst.revoke
 	inst.mu.Unlock()
+	b.mu.Lock()
+	b.trace("revoke from instance %d begins", inst.id)
+	inst.revokes++
+	rv := &revoking{n: inst.revokes, selected: selected}
+	inst.revoking = append(inst.revoking, rv)
+	b.mu.Unlock()
 	var still []*driver.Message
 	if revoke != nil && b.cfg.Revocable {
 		still = revoke(ctx, func(m *driver.Message) bool { return selected(m.Key) })
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.trace("revoke from instance %d: the portable layer returned (%d still running); leases taken back", inst.id, len(still))
+	inst.revoking = slices.DeleteFunc(inst.revoking, func(r *revoking) bool { return r == rv })
 	var gone []*lease
 	for _, l := range b.leases {
 		if l.inst == inst && selected(l.r.msg.Key) {
