@@ -326,3 +326,80 @@ func TestRedeliveredKeepsFirstRank(t *testing.T) {
 		})
 	}
 }
+
+// returningPD is perDelivery with driver.Returner, whose first Ack hangs
+// until its context ends (acknowledgements queue up behind it).
+type returningPD struct {
+	*perDelivery
+	hung     sync.Once
+	returned []driver.Returned
+}
+
+func (r *returningPD) Ack(ctx context.Context, ms []*driver.Message) error {
+	hang := false
+	r.hung.Do(func() { hang = true })
+	if hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (r *returningPD) Return(_ context.Context, rs []driver.Returned) error {
+	r.mu.Lock()
+	r.returned = append(r.returned, rs...)
+	r.mu.Unlock()
+	return nil
+}
+
+// TestBarrierReturnsWhatRanHere: k1 succeeds, but its acknowledgement
+// waits behind k0's, which hangs, and its lease is lost; k2 fails
+// meanwhile and waits for its retry in process. When the retry is due k2
+// waits aside for k1's redelivery, and when that comes k2 goes back
+// through Return with the attempt it used, not through Release, which
+// counts nothing. Before (seed 743 with KEYORDER_MODEL_CLASSES=revoke, by
+// default classes loseOne and returner, about 1 run in 2): released [k2],
+// returned none, so k2's next delivery was attempt 1 again after a failed
+// run.
+func TestBarrierReturnsWhatRanHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPerDelivery()
+		r := &returningPD{perDelivery: p}
+		first := p.deliver("k0", "k1", "k2")
+		s, err := subscribe.New(r, &subscribe.Config{Logger: quiet, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := make(chan error, 1)
+		go func() {
+			ran <- s.Run(context.Background(), func(ctx context.Context, d *keyorder.Delivery) error {
+				if d.ID == "k2" && d.Attempt == 1 {
+					p.lose(first[1]) // k1, acknowledged, its Ack queued
+					return keyorder.RetryAfter(errors.New("later"), 10*time.Second)
+				}
+				if d.ID == "k1" {
+					time.Sleep(time.Second) // its Ack comes while k0's hangs
+				}
+				return nil
+			})
+		}()
+		time.Sleep(5 * time.Second)
+		p.deliver("k1") // its redelivery, behind k2's retry
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if slices.Contains(p.released, "k2") {
+			t.Fatalf("released %v: k2 ran and failed here, and went back uncounted", p.released)
+		}
+		if len(r.returned) != 1 || r.returned[0].Message.ID != "k2" || r.returned[0].Attempts != 1 {
+			t.Fatalf("returned %v; want k2 with 1 attempt", r.returned)
+		}
+	})
+}
