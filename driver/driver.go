@@ -302,6 +302,28 @@ type StartRecorder interface {
 	Started(ctx context.Context, ms []*Message) error
 }
 
+// ReleaseRedeliverer is implemented by Subscription drivers without
+// Capabilities.NativeHold whose broker hands a message given back with
+// Release out again while this process runs, in key order: before the
+// later messages of its key that are not leased (the memory broker
+// holding in process, Pub/Sub). Under Ordered the portable layer then
+// settles a key whose DeadLetter call did not land (failed, or its answer
+// said the lease was lost) by the broker's order: it gives the key's
+// later messages back, and the one the broker hands out first tells
+// whether the dead letter landed (see the subscribe package). A driver
+// whose Release keeps messages from this process until it stops or its
+// partition moves (Kafka, Pulsar) does not implement it: there the key
+// goes on after such a call.
+//
+// A wrapper that embeds a Subscription does not forward the method, so
+// wrapping a driver turns it off unless the wrapper implements it too.
+type ReleaseRedeliverer interface {
+	// ReleaseRedelivers reports whether Release behaves as described; a
+	// driver whose answer depends on its configuration reports false
+	// when it cannot.
+	ReleaseRedelivers() bool
+}
+
 // Namer is implemented by Subscription drivers that know the name of their
 // subscription. subscribe puts it in keyorder.Delivery.Subscription; it is
 // never a URL, so no secret of the URL reaches a handler or its logs.

@@ -22,9 +22,28 @@ package subscribe
 // when nothing of the key is away or aside. One whose messages do not come
 // back to this process (another consumer took them) is lifted after
 // barrierLeases lease periods without progress while no handler runs a
-// message of its key here, what it holds given back.
+// message of its key here and no message away has been received again,
+// what it holds given back.
+//
+// A message whose DeadLetter call did not land (it failed, or its answer
+// said the lease was lost) is away in the same sense: the broker
+// redelivers it unless the call took effect after all and only its answer
+// was lost, which no driver tells apart. So it is away as a dead letter
+// (barrier.dead), and the key's later messages do not wait aside for it:
+// each goes back to the broker at once, and the broker's key order
+// answers. A broker that streams a key hands out its messages in key
+// order, so the dead letter comes back first if the call did not land (it
+// is dead-lettered again unrun: undeadNote), and a later message given
+// back after the call failed comes back first only if it did land: then
+// the dead letter is resolved and the later message runs. Waiting for a
+// redelivery that never comes would hold the key barrierLeases lease
+// periods (conformance case RedriveAfterDeadLetterErrorRuns). This needs a
+// broker whose Release hands a message out again while this process runs
+// (driver.ReleaseRedeliverer); on one that keeps released messages until
+// the process stops (Kafka, Pulsar) the key goes on after such a call.
 
 import (
+	"slices"
 	"time"
 )
 
@@ -44,6 +63,13 @@ type barrier struct {
 	rank  map[string]uint64
 	since time.Time // when it was set, or last saw a message come back
 	aside []*item   // the key's messages put aside, in the order they came
+	// dead: the IDs away whose DeadLetter call did not land, each with
+	// the gen when it failed; sent: the gen when each message away was
+	// sent away. A message of the key that comes back resolves the dead
+	// letters ranked before it that failed before it was sent away.
+	dead map[string]uint64
+	sent map[string]uint64
+	gen  uint64
 }
 
 // rankOf is its place in its key's order (see barrier.rank).
@@ -69,6 +95,36 @@ func (b *barrier) keepRank(it *item) {
 func (b *barrier) sendAway(it *item) {
 	b.keepRank(it)
 	b.away[it.m.ID] = true
+	b.gen++
+	b.sent[it.m.ID] = b.gen
+}
+
+// cameBack records that it, away, was received again: it is no longer
+// away, nor are the dead letters ranked before it whose call failed
+// before it was sent away (the broker would have handed them out first).
+func (b *barrier) cameBack(it *item) {
+	id := it.m.ID
+	r := b.rankOf(it)
+	for d, failed := range b.dead {
+		if b.rank[d] < r && failed < b.sent[id] {
+			delete(b.dead, d)
+			delete(b.away, d)
+			delete(b.sent, d)
+		}
+	}
+	delete(b.away, id)
+	delete(b.dead, id)
+	delete(b.sent, id)
+}
+
+// deadBefore reports whether a dead letter ranked before r is away.
+func (b *barrier) deadBefore(r uint64) bool {
+	for id := range b.dead {
+		if b.rank[id] < r {
+			return true
+		}
+	}
+	return false
 }
 
 // awayBefore reports whether a message ranked before r is away.
@@ -98,29 +154,54 @@ func (s *Subscriber) leaseLost(its []*item) {
 		if it.key == "" {
 			continue
 		}
-		b := s.lostKeys[it.key]
-		if b == nil {
-			if s.lostKeys == nil {
-				s.lostKeys = map[string]*barrier{}
-			}
-			b = &barrier{away: map[string]bool{}, rank: map[string]uint64{}, since: now}
-			s.lostKeys[it.key] = b
-			// The key's messages held here rank by when they came.
-			if h := s.holds[it.key]; h != nil {
-				for o := h.head; o != nil; o = o.nextK {
-					b.keepRank(o)
-				}
-			}
-		}
-		b.sendAway(it)
+		s.barrierOf(it.key, now).sendAway(it)
 	}
 }
 
+// barrierOf returns key's barrier, set now if it has none. Called with s.mu
+// held.
+func (s *Subscriber) barrierOf(key string, now time.Time) *barrier {
+	b := s.lostKeys[key]
+	if b != nil {
+		return b
+	}
+	if s.lostKeys == nil {
+		s.lostKeys = map[string]*barrier{}
+	}
+	b = &barrier{away: map[string]bool{}, rank: map[string]uint64{}, since: now,
+		dead: map[string]uint64{}, sent: map[string]uint64{}}
+	s.lostKeys[key] = b
+	// The key's messages held here rank by when they came.
+	if h := s.holds[key]; h != nil {
+		for o := h.head; o != nil; o = o.nextK {
+			b.keepRank(o)
+		}
+	}
+	return b
+}
+
+// deadLetterAway sets its key's barrier for it, whose DeadLetter call did
+// not land (see the file comment), under in-process hold where the
+// driver's Release hands messages out again (driver.ReleaseRedeliverer):
+// elsewhere a message given back would not come back while this process
+// runs, and the key goes on.
+func (s *Subscriber) deadLetterAway(it *item) {
+	if !s.barriers() || !s.releaseRedelivers || it.key == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.barrierOf(it.key, time.Now())
+	b.sendAway(it)
+	b.dead[it.m.ID] = b.gen
+}
+
 // behindBarrier reports whether it must not run now because its key waits
-// for a message ranked before it; if so it puts it aside. When it may run,
-// the messages put aside are returned for the caller to give back (before
-// it runs); they are expected back behind it. Called from prepare, off
-// s.mu.
+// for a message ranked before it; if so it puts it aside, or, when a dead
+// letter ranked before it is away, returns it to give back at once. When
+// it may run, the messages put aside are returned for the caller to give
+// back (before it runs); they are expected back behind it. Called from
+// prepare, off s.mu.
 func (s *Subscriber) behindBarrier(it *item) (aside bool, giveBack []*item) {
 	if !s.barriers() || it.key == "" {
 		return false, nil
@@ -133,10 +214,15 @@ func (s *Subscriber) behindBarrier(it *item) (aside bool, giveBack []*item) {
 	}
 	came := b.away[it.m.ID] && !it.lost.Load()
 	if came {
-		delete(b.away, it.m.ID)
+		b.cameBack(it)
 		b.since = time.Now()
 	}
-	if b.awayBefore(b.rankOf(it)) {
+	if r := b.rankOf(it); b.deadBefore(r) {
+		// Back to the broker, whose key order tells whether the dead
+		// letter landed (see the file comment).
+		b.sendAway(it)
+		return true, []*item{it}
+	} else if b.awayBefore(r) {
 		b.aside = append(b.aside, it)
 		b.keepRank(it)
 		if free := s.untoken(it); free > 0 {
@@ -178,11 +264,14 @@ func (s *Subscriber) expireBarriers(now time.Time) []*item {
 	defer s.mu.Unlock()
 	var out []*item
 	for k, b := range s.lostKeys {
-		if s.keyRunning(k) {
+		if s.keyRunning(k) || now.Sub(b.since) >= barrierLeases*s.caps.LeaseDuration && s.awayHere(k, b) {
 			// Its own handler holds the key up (one that outlives its
 			// lease, say): no redelivery is due yet, and forgetting the
 			// ranks now would let a later message overtake those given
-			// back (seed 248 with KEYORDER_MODEL_CLASSES=loseOne).
+			// back (seed 248 with KEYORDER_MODEL_CLASSES=loseOne). So
+			// does a redelivery waiting here to come to run (seed 490
+			// with KEYORDER_MODEL_CLASSES=settleLost: a Release that
+			// timed out held its lane 21 s).
 			b.since = now
 			continue
 		}
@@ -192,6 +281,27 @@ func (s *Subscriber) expireBarriers(now time.Time) []*item {
 		}
 	}
 	return out
+}
+
+// awayHere reports whether a message away from b, key's barrier, has
+// been received again and waits here to come to run (behind a slow
+// give-back in its lane, say): the barrier is making progress. A delivery
+// put aside does not count: one received again before its earlier
+// delivery was reported lost waits aside for its own ID, and only the
+// barrier's end lets it go (seed 2525 with
+// KEYORDER_MODEL_CLASSES=settleLost never ended when it counted). Called
+// with s.mu held.
+func (s *Subscriber) awayHere(key string, b *barrier) bool {
+	h := s.holds[key]
+	if h == nil {
+		return false
+	}
+	for o := h.head; o != nil; o = o.nextK {
+		if b.away[o.m.ID] && !o.lost.Load() && !slices.Contains(b.aside, o) {
+			return true
+		}
+	}
+	return false
 }
 
 // keyRunning reports whether a handler runs a message of key in this

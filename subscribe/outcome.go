@@ -76,7 +76,9 @@ func (s *Subscriber) prepare(ctx context.Context, its []*item) (run []*item, hct
 			break
 		}
 		if aside, back := s.behindBarrier(it); aside {
-			// Its key waits for a lost message's redelivery.
+			// Its key waits for a lost message's redelivery: aside, or
+			// back to the broker behind a dead letter that did not land.
+			s.cutBack(back)
 			continue
 		} else if len(back) > 0 {
 			// It is that redelivery: what waited goes back behind it.
@@ -305,9 +307,8 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			// nothing of its chain, leased here, may run before it. The
 			// chain breaks and its rest goes back, to come after the
 			// redelivery (dead-lettered again: undeadNote). (Under
-			// in-process hold the key goes on: a barrier would hold it
-			// for barrierLeases leases when the call did land and only
-			// its answer was lost, which no driver tells apart.)
+			// in-process hold deadLetterAs set the key's barrier: the
+			// rest goes back as its turn comes, lostkey.go.)
 			it.chain.broken.Store(true) // members in other lane items too
 			s.cut(rest)
 			return nil, lanes.Done()
@@ -401,8 +402,9 @@ func (s *Subscriber) ackNow(its []*item) {
 
 // cut gives back members that must not run now (the first was lost, or
 // its chain broken, or the run was cut short): the lost are dropped (the
-// broker redelivers them), the others released unhandled, and their chains
-// broken.
+// broker redelivers them), the others given back (giveBackAtStop: released
+// unhandled, or returned with their attempts if they failed here and wait
+// for a retry), and their chains broken.
 func (s *Subscriber) cut(its []*item) {
 	if s.barriers() {
 		// Under in-process hold the key's messages ranked after them
@@ -414,31 +416,16 @@ func (s *Subscriber) cut(its []*item) {
 	s.cutBack(its)
 }
 
-// cutBack is cut without setting a barrier: for what a barrier gave up
-// on, or held when Run ends. A member that failed here and waits for its
-// retry in process goes back with its attempts where the driver can carry
-// them (giveBackAtStop), as at a graceful stop: a barrier gives back what
-// it put aside, retries included (seed 743 with
-// KEYORDER_MODEL_CLASSES=revoke: released uncounted, it came back at
-// attempt 1 after a failed run).
-func (s *Subscriber) cutBack(its []*item) {
-	var back []*item
-	for _, it := range its {
-		if it.chain != nil {
-			it.chain.broken.Store(true)
-		}
-		if it.lost.Load() {
-			s.drop(it)
-		} else {
-			back = append(back, it)
-		}
-	}
-	s.giveBackAtStop(back)
-}
+// cutBack is cut without setting a barrier: for what a barrier gives
+// back, gave up on, or held when Run ends.
+func (s *Subscriber) cutBack(its []*item) { s.cutAtStop(its) }
 
-// cutAtStop is cut for members a graceful stop cut short: those that
-// failed here and were retried in process go back with their attempts
-// (giveBackAtStop), not released uncounted.
+// cutAtStop is cut for members a graceful stop cut short, and cutBack's
+// body: those that failed here and were retried in process go back with
+// their attempts (giveBackAtStop), not released uncounted. (A message a
+// barrier put aside may be one: before, it went back through Release,
+// and its next run was counted as its first: seed 743 with
+// KEYORDER_MODEL_CLASSES=settleLost, TestBarrierGivesBackRetryWithItsAttempts.)
 func (s *Subscriber) cutAtStop(its []*item) {
 	var back []*item
 	for _, it := range its {
@@ -473,6 +460,11 @@ func (s *Subscriber) deadLetter(it *item, reason string) error {
 func (s *Subscriber) deadLetterAs(it *item, reason string, attempts int) error {
 	err := s.settle(it, func(ctx context.Context) error { return s.drv.DeadLetter(ctx, it.m, reason, attempts) })
 	s.undead.put(it.m.ID, deadNote{reason: reason, attempts: attempts, copy: it.m.Copy, attempt: it.m.Attempt, landed: err == nil})
+	if err != nil {
+		// Under in-process hold the key's later messages must not run
+		// before the broker shows whether it comes back (lostkey.go).
+		s.deadLetterAway(it)
+	}
 	return err
 }
 

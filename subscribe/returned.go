@@ -18,7 +18,7 @@ func (s *Subscriber) ranHere(it *item) bool {
 }
 
 // giveBackAtStop gives back what the lanes held when Run stopped
-// gracefully, or what a cut gives back (cutBack). Where the driver implements driver.Returner, the messages
+// gracefully, and what a cut gives back (cutBack). Where the driver implements driver.Returner, the messages
 // that failed here and wait for a retry go back through Return, with the
 // attempts they used and what is left of their retry delay, so that a
 // rolling deploy neither resets a poison message's count nor reruns it

@@ -52,8 +52,11 @@ type Subscriber struct {
 	// key whose head waits in process on a time holds the key's later
 	// messages in process too.
 	holdKeys bool
-	seq      uint64          // receive order; pump only
-	items    slab.Slab[item] // the pump's items (itemSlab at a time); pump only
+	// releaseRedelivers: the driver's Release hands messages out again to
+	// this process in key order (driver.ReleaseRedeliverer).
+	releaseRedelivers bool
+	seq               uint64          // receive order; pump only
+	items             slab.Slab[item] // the pump's items (itemSlab at a time); pump only
 	// payloads holds the copies of first attempts' payloads (item.first),
 	// payloadChunk bytes at a time; pump only.
 	payloads slab.Bytes
@@ -177,6 +180,9 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	s.throttles = newThrottler(c.Throttles)
 	if n, ok := drv.(driver.Namer); ok {
 		s.name = n.Name()
+	}
+	if r, ok := drv.(driver.ReleaseRedeliverer); ok {
+		s.releaseRedelivers = r.ReleaseRedelivers()
 	}
 	s.observeAttach()
 	return s, nil

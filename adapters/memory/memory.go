@@ -413,6 +413,11 @@ func (d *subscriptionDriver) DeadLetter(ctx context.Context, m *driver.Message, 
 	})
 }
 
+// ReleaseRedelivers implements driver.ReleaseRedeliverer: a released
+// message is deliverable again at once, before its key's later messages
+// not leased.
+func (d *subscriptionDriver) ReleaseRedelivers() bool { return true }
+
 // Capabilities describes the subscription.
 func (d *subscriptionDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{

@@ -2,11 +2,13 @@ package nats
 
 import (
 	"errors"
+	"hash/fnv"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyorder/keyorder"
 )
@@ -119,6 +121,67 @@ func TestParseURLMsgID(t *testing.T) {
 		}
 		if err != nil || p.topicO.NoMsgID != c.noMsgID {
 			t.Errorf("parseURL(%s) = %+v, %v; want NoMsgID %v", c.url, p, err, c.noMsgID)
+		}
+	}
+}
+
+// TestSubjectsAsBefore: the subject built in place is
+// <stream>.<partition>.<keyToken(key)>, and the partition is still the
+// FNV-1a of hash/fnv (streams written before keep their keys' partitions).
+func TestSubjectsAsBefore(t *testing.T) {
+	for _, key := range []string{"", "A", "acct-42", "ünï ✓", strings.Repeat("k", 191), strings.Repeat("k", 192), strings.Repeat("x", MaxKeyBytes)} {
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		want := int(h.Sum32() % 7)
+		if got := partitionOf(key, 7); got != want {
+			t.Errorf("partitionOf(%.20q, 7) = %d, hash/fnv gives %d", key, got, want)
+		}
+		tok, long := keyToken(key)
+		b, gotLong := appendSubject([]byte("x"), "S", 3, key)
+		if string(b) != "xS.3."+tok || gotLong != long {
+			t.Errorf("appendSubject(%.20q) = %.60q, %v; want %.60q, %v", key, b, gotLong, "xS.3."+tok, long)
+		}
+	}
+}
+
+// TestParseReply: acknowledgement subjects <prefix><batch>.<index>, and
+// nothing else.
+func TestParseReply(t *testing.T) {
+	const pre = "_INBOX.abc."
+	for subj, want := range map[string][2]uint64{pre + "1.0": {1, 0}, pre + "42.999": {42, 999}, pre + "9999999999999999999.7": {9999999999999999999, 7}} {
+		id, i, ok := parseReply(subj, len(pre))
+		if !ok || id != want[0] || uint64(i) != want[1] {
+			t.Errorf("parseReply(%q) = %d, %d, %v; want %v", subj, id, i, ok, want)
+		}
+	}
+	for _, subj := range []string{pre, pre + "1", pre + "1.", pre + ".1", pre + "1.2.3", pre + "a.1", pre + "1.x", pre + "1.12345678901"} {
+		if _, _, ok := parseReply(subj, len(pre)); ok {
+			t.Errorf("parseReply(%q) accepted it", subj)
+		}
+	}
+}
+
+// TestAckError: a plain acknowledgement is success, a duplicate too; the
+// server's error is its *jetstream.APIError; no responders and garbage are
+// typed errors.
+func TestAckError(t *testing.T) {
+	ok := []string{`{"stream":"S","seq":12}`, `{"stream":"S","seq":3,"duplicate":true}`, `{"stream":"error","seq":1}`, `{"seq":5,"stream":"S"}`, `{"stream":"S","domain":"d","seq":1}`}
+	for _, d := range ok {
+		if err := ackError(&nats.Msg{Data: []byte(d)}); err != nil {
+			t.Errorf("ack %s: %v", d, err)
+		}
+	}
+	err := ackError(&nats.Msg{Data: []byte(`{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}`)})
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != 10054 {
+		t.Errorf("error ack: %v", err)
+	}
+	if err := ackError(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}}); !errors.Is(err, jetstream.ErrNoStreamResponse) || !isRetryable(err) {
+		t.Errorf("no responders: %v", err)
+	}
+	for _, d := range []string{`{}`, `not json`, `{"stream":""}`} {
+		if err := ackError(&nats.Msg{Data: []byte(d)}); !errors.Is(err, jetstream.ErrInvalidJSAck) {
+			t.Errorf("ack %s: %v, want ErrInvalidJSAck", d, err)
 		}
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +48,7 @@ type topicDriver struct {
 	noMsgID    bool
 	rr         atomic.Uint64
 	ownConn    *nats.Conn
+	acks       *acker
 }
 
 var (
@@ -123,7 +124,11 @@ func openTopic(ctx context.Context, js jetstream.JetStream, stream string, opts 
 		return nil, fmt.Errorf("%w: nats: stream %s allows messages of %d bytes, less than the driver's header room %d",
 			keyorder.ErrInvalidConfig, stream, info.Config.MaxMsgSize, HeaderRoom)
 	}
-	return &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max, noMsgID: opts != nil && opts.NoMsgID}, nil
+	acks, err := newAcker(js.Conn())
+	if err != nil {
+		return nil, err
+	}
+	return &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max, noMsgID: opts != nil && opts.NoMsgID, acks: acks}, nil
 }
 
 // keyToken returns the subject token of key and whether the key itself
@@ -152,16 +157,35 @@ func keyFromToken(tok string, h nats.Header) string {
 	return ""
 }
 
-// partitionOf is the partition of key.
+// partitionOf is the partition of key: FNV-1a (32 bits) of its bytes
+// modulo partitions.
 func partitionOf(key string, partitions int) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(partitions))
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % uint32(partitions))
 }
 
-// subjectOf is the subject of a message of key on partition p.
-func subjectOf(stream string, p int, tok string) string {
-	return stream + "." + strconv.Itoa(p) + "." + tok
+// appendSubject appends the subject of a message of key on partition p
+// (subjectOf with keyToken's token, built in place) and reports whether
+// the key itself must travel in HeaderKey.
+func appendSubject(b []byte, stream string, p int, key string) ([]byte, bool) {
+	b = append(b, stream...)
+	b = append(b, '.')
+	b = strconv.AppendInt(b, int64(p), 10)
+	b = append(b, '.')
+	switch {
+	case key == "":
+		return append(b, '_'), false
+	case base64.RawURLEncoding.EncodedLen(len(key))+1 <= MaxKeyToken:
+		b = append(b, 'k')
+		return base64.RawURLEncoding.AppendEncode(b, []byte(key)), false
+	}
+	sum := sha256.Sum256([]byte(key))
+	b = append(b, 'h')
+	return base64.RawURLEncoding.AppendEncode(b, sum[:]), true
 }
 
 // checkHeaders rejects reserved or oversized headers.
@@ -180,47 +204,74 @@ func checkHeaders(h map[string]string) error {
 	return nil
 }
 
-// toMsg builds the NATS message of m; msgID is its Nats-Msg-Id ("" for
-// none).
-func (t *topicDriver) toMsg(m *driver.Message, msgID string) *nats.Msg {
-	tok, long := keyToken(m.Key)
+// appendMsg builds the NATS message of m, with reply subject reply (""
+// for none), its subject appended to buf (which it returns, grown; a
+// string of the message's subject points into it, so buf is never
+// written over). A message without headers has a nil Header.
+func (t *topicDriver) appendMsg(buf []byte, m *driver.Message, msgID, reply string) (*nats.Msg, []byte) {
 	var p int
 	if m.Key != "" {
 		p = partitionOf(m.Key, t.partitions)
 	} else {
 		p = int(t.rr.Add(1) % uint64(t.partitions))
 	}
-	return buildMsg(subjectOf(t.stream, p, tok), m, msgID, long)
+	start := len(buf)
+	buf, long := appendSubject(buf, t.stream, p, m.Key)
+	subject := unsafe.String(&buf[start], len(buf)-start)
+	msg := &nats.Msg{Subject: subject, Reply: reply, Data: m.Payload}
+	setHeaders(msg, m, msgID, long)
+	return msg, buf
 }
 
-func buildMsg(subject string, m *driver.Message, msgID string, long bool) *nats.Msg {
-	msg := nats.NewMsg(subject)
-	msg.Data = m.Payload
+// setHeaders sets the headers of m's NATS message msg: the Nats-Msg-Id
+// msgID (none when ""), the driver's reserved headers and the
+// application's, JSON-encoded. The values share one allocation; msg.Header
+// stays nil when there is none.
+func setHeaders(msg *nats.Msg, m *driver.Message, msgID string, long bool) {
+	var vals [4]string
+	var names [4]string
+	n := 0
+	add := func(k, v string) { names[n], vals[n] = k, v; n++ }
 	if msgID != "" {
-		msg.Header.Set(nats.MsgIdHdr, msgID)
+		add(nats.MsgIdHdr, msgID)
 	}
 	if m.ID != "" && m.ID != msgID {
-		msg.Header.Set(HeaderID, m.ID)
+		add(HeaderID, m.ID)
 	}
 	if long {
-		msg.Header.Set(HeaderKey, m.Key)
+		add(HeaderKey, m.Key)
 	}
 	if !m.NotBefore.IsZero() {
-		msg.Header.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339Nano))
+		add(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339Nano))
 	}
-	if len(m.Headers) > 0 {
-		user := make(map[string]string, len(m.Headers))
-		for k, v := range m.Headers {
-			if !strings.HasPrefix(k, HeaderPrefix) {
-				user[k] = v
+	var user map[string]string
+	for k, v := range m.Headers {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			if user == nil {
+				user = make(map[string]string, len(m.Headers))
 			}
-		}
-		if len(user) > 0 {
-			b, _ := json.Marshal(user)
-			msg.Header.Set(HeaderHeaders, string(b))
+			user[k] = v
 		}
 	}
-	return msg
+	if n == 0 && user == nil {
+		return
+	}
+	size := n
+	if user != nil {
+		size++
+	}
+	h := make(nats.Header, size)
+	all := make([]string, size)
+	for i := range n {
+		all[i] = vals[i]
+		h[names[i]] = all[i : i+1 : i+1]
+	}
+	if user != nil {
+		b, _ := json.Marshal(user)
+		all[n] = string(b)
+		h[HeaderHeaders] = all[n : n+1 : n+1]
+	}
+	msg.Header = h
 }
 
 // SendsMixedKeys: SendBatch publishes each key's messages in slice order.
@@ -236,31 +287,59 @@ func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	futs := make([]jetstream.PubAckFuture, 0, len(ms))
 	for _, m := range ms {
 		if err := checkHeaders(m.Headers); err != nil {
 			return err
 		}
 	}
+	if len(ms) == 0 {
+		return nil
+	}
+	nc := t.js.Conn()
+	id, b, reply := t.acks.start(len(ms))
+	// One buffer holds the batch's subjects and reply subjects (the
+	// client copies them into its write buffer; nothing keeps them after
+	// SendBatch returns but the *nats.Msg values, which are dropped).
+	buf := make([]byte, 0, len(ms)*(len(t.stream)+len(reply)+40))
 	for i, m := range ms {
 		msgID := m.ID
 		if t.noMsgID {
 			msgID = ""
 		}
-		f, err := t.js.PublishMsgAsync(t.toMsg(m, msgID))
+		if cap(buf)-len(buf) < len(t.stream)+len(reply)+MaxKeyToken+16 {
+			buf = make([]byte, 0, max(4096, (len(ms)-i)*(len(t.stream)+len(reply)+40)))
+		}
+		rs := len(buf)
+		buf = append(buf, reply...)
+		buf = strconv.AppendInt(buf, int64(i), 10)
+		r := unsafe.String(&buf[rs], len(buf)-rs)
+		var msg *nats.Msg
+		msg, buf = t.appendMsg(buf, m, msgID, r)
+		var err error
+		if msg.Header == nil {
+			err = nc.PublishRequest(msg.Subject, r, msg.Data)
+		} else {
+			err = nc.PublishMsg(msg)
+		}
 		if err != nil {
+			t.acks.forget(id)
 			return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, i+1, len(ms), err)
 		}
-		futs = append(futs, f)
 	}
-	for i, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, i+1, len(ms), err)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	timer := time.NewTimer(ackTimeout)
+	defer timer.Stop()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		t.acks.forget(id)
+		return ctx.Err()
+	case <-timer.C:
+		t.acks.forget(id)
+		return fmt.Errorf("nats: publish to %s: %d of %d messages unacknowledged after %v: %w",
+			t.stream, t.acks.left(b), len(ms), ackTimeout, jetstream.ErrAsyncPublishTimeout)
+	}
+	if b.err != nil {
+		return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, b.errAt+1, len(ms), b.err)
 	}
 	return nil
 }
@@ -290,9 +369,10 @@ func (t *topicDriver) ErrorCode(err error) keyorder.ErrorCode { return errorCode
 // the driver opened it (URL opener).
 func (t *topicDriver) Close() error {
 	select {
-	case <-t.js.PublishAsyncComplete():
+	case <-t.acks.drained():
 	case <-time.After(30 * time.Second):
 	}
+	_ = t.acks.sub.Unsubscribe()
 	if t.ownConn != nil {
 		t.ownConn.Close()
 	}

@@ -463,6 +463,11 @@ func (s *subscriptionDriver) ExtendLeases(ctx context.Context, ms []*driver.Mess
 	return lost, nil
 }
 
+// ReleaseRedelivers implements driver.ReleaseRedeliverer: Release nacks,
+// and Pub/Sub redelivers a nacked message of an ordering key, with the
+// key's later messages, in key order.
+func (s *subscriptionDriver) ReleaseRedelivers() bool { return true }
+
 // Capabilities: the subscription's policy, no native hold, the
 // subscription's ack deadline as lease.
 func (s *subscriptionDriver) Capabilities() driver.Capabilities {

@@ -100,6 +100,19 @@ func (d *deadLetterAnswerLost) DeadLetter(ctx context.Context, m *driver.Message
 	return nil
 }
 
+// ReleaseRedelivers forwards driver.ReleaseRedeliverer.
+func (d *deadLetterAnswerLost) ReleaseRedelivers() bool { return releaseRedelivers(d.Subscription) }
+
+// ReleaseRedelivers forwards driver.ReleaseRedeliverer.
+func (c *copyLog) ReleaseRedelivers() bool { return releaseRedelivers(c.Subscription) }
+
+// releaseRedelivers reports whether drv is a driver.ReleaseRedeliverer
+// that says so.
+func releaseRedelivers(drv driver.Subscription) bool {
+	r, ok := drv.(driver.ReleaseRedeliverer)
+	return ok && r.ReleaseRedelivers()
+}
+
 // IsRetryable reports the injected error permanent, so the subscriber
 // gives the call up at once.
 func (d *deadLetterAnswerLost) IsRetryable(err error) bool {

@@ -426,6 +426,11 @@ func (i *Instance) DeadLetter(ctx context.Context, m *driver.Message, reason str
 // Capabilities implements driver.Subscription.
 func (i *Instance) Capabilities() driver.Capabilities { return i.b.Capabilities() }
 
+// ReleaseRedelivers implements driver.ReleaseRedeliverer: a released
+// message is deliverable again at once, and a streaming key's messages go
+// out in key order.
+func (i *Instance) ReleaseRedelivers() bool { return true }
+
 // IsRetryable implements driver.Subscription: injected failures are.
 func (i *Instance) IsRetryable(err error) bool { return topic{}.IsRetryable(err) }
 
