@@ -25,6 +25,12 @@ import "context"
 // after an unrecorded loss) and Forget once a recorded message is settled,
 // so a consumer whose handlers end sooner than the driver's record delay
 // and whose consumers do not crash costs a store no call at all.
+//
+// A start recorded before its handler runs counts as a run even when the
+// handler never begins (the process dies between the write and the call,
+// or the lease is lost during the write): a reader cannot tell it from a
+// handler killed in its first instant, so each such event can charge a
+// message one run it did not make.
 type StartStore interface {
 	// Runs returns the recorded runs of the messages ids of sub. An id
 	// without a record is absent from the result.

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -204,10 +203,3 @@ func ackError(m *nats.Msg) error {
 	}
 	return nil
 }
-
-// ackTimeout bounds how long SendBatch waits for a batch's
-// acknowledgements after its last message went out (a publish lost in a
-// reconnection is never acknowledged); it fails with an error matching
-// jetstream.ErrAsyncPublishTimeout, which is retryable. A variable for the
-// package's tests.
-var ackTimeout = 30 * time.Second

@@ -41,7 +41,7 @@ func openCrashConsumer(ctx context.Context, p proctest.Params) (*subscribe.Subsc
 		return nil, err
 	}
 	return kn.OpenSubscription(ctx, js, os.Getenv("KEYORDER_NATS_STREAM"), "crash",
-		&kn.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashLease}, p.Config)
+		&kn.SubscriptionOptions{Ordering: policy.Ordered, Lease: crashLease, Logger: p.Config.Logger}, p.Config)
 }
 
 // crashScenario is sc against a fresh stream and its subscription "crash".

@@ -71,6 +71,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -117,6 +118,10 @@ const (
 	// PartitionsDefault is the partition count of a stream the driver
 	// creates.
 	PartitionsDefault = 8
+	// AckTimeoutDefault is how long a publish waits for the server's
+	// acknowledgements after its last message went out
+	// (TopicOptions.AckTimeout).
+	AckTimeoutDefault = 30 * time.Second
 	maxReason         = 4096
 )
 

@@ -38,6 +38,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyorder/keyorder/driver"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // runRecordDelay is how long a first delivery's handler runs before its
@@ -193,11 +194,13 @@ func (d *delivery) charged() bool { return d.in.meta.NumDelivered > 1 && d.in.ru
 // dead-letter a message that never ran.
 func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) error {
 	var ds []*delivery
+	var ids []string // the message IDs of ds, for the log
 	charged := false
 	s.mu.Lock()
 	for _, m := range ms {
 		if d, ok := m.AckID.(*delivery); ok && d != nil && !d.settled {
 			ds = append(ds, d)
+			ids = append(ids, m.ID)
 			charged = charged || d.charged()
 		}
 	}
@@ -233,21 +236,32 @@ func (s *subscriptionDriver) Started(ctx context.Context, ms []*driver.Message) 
 	}
 	now := time.Now()
 	var sync, async []*delivery
-	for _, d := range ds {
+	var logged []string
+	for i, d := range ds {
 		d.started.Store(true)
 		d.starts++
 		d.startedAt = now
 		switch {
 		case d.in.meta.NumDelivered > 1:
 			sync = append(sync, d)
+			logged = append(logged, ids[i])
 		case d.starts > 1:
 			async = append(async, d)
+			logged = append(logged, ids[i])
 		}
 	}
 	if len(sync) > 0 && !charged {
 		s.starting++
 	}
 	s.mu.Unlock()
+	// A start written here may land while its handler never runs (the
+	// process is killed before it begins): the record then counts a run
+	// that did not happen, like a handler killed in its first instant.
+	// Said before the write, so that a crash test can tell the two apart
+	// (driverkit.LogRecordingFirst).
+	for _, id := range logged {
+		s.opts.Logger.Debug(driverkit.LogRecordingFirst, "subscription", s.sub, "id", id)
+	}
 	for _, d := range async {
 		s.recWG.Add(1)
 		go func() {

@@ -162,3 +162,11 @@ func slicesContains(ds []*delivery, d *delivery) bool {
 	}
 	return false
 }
+
+// ReleaseRedelivers implements driver.ReleaseRedeliverer: Release naks,
+// and the server hands a nakked message out again at once to the
+// partition's consumer, which this process owns, before the partition's
+// messages it has not delivered yet (it serves redeliveries first); the
+// driver keeps what it fetched in stream order and hands it out merged by
+// stream sequence (TestReleaseRedeliversInKeyOrder).
+func (s *subscriptionDriver) ReleaseRedelivers() bool { return true }

@@ -37,6 +37,15 @@ type TopicOptions struct {
 	// the subscriber sees the same ID, and a retried publish can land
 	// twice (at-least-once publishing).
 	NoMsgID bool
+	// AckTimeout bounds how long a batch waits for the server's
+	// acknowledgements after its last message went out (a publish lost
+	// in a reconnection, or a server that stops answering, is never
+	// acknowledged). The batch then fails with an error matching
+	// jetstream.ErrAsyncPublishTimeout that says how many of its messages
+	// are unacknowledged; it is retryable, and the messages may have been
+	// stored (with the message ID, a retry is deduplicated). Defaults to
+	// AckTimeoutDefault.
+	AckTimeout time.Duration
 }
 
 // topicDriver is the driver.Topic driver of a keyorder stream.
@@ -46,6 +55,7 @@ type topicDriver struct {
 	partitions int
 	maxPayload int
 	noMsgID    bool
+	ackTimeout time.Duration
 	rr         atomic.Uint64
 	ownConn    *nats.Conn
 	acks       *acker
@@ -128,7 +138,14 @@ func openTopic(ctx context.Context, js jetstream.JetStream, stream string, opts 
 	if err != nil {
 		return nil, err
 	}
-	return &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max, noMsgID: opts != nil && opts.NoMsgID, acks: acks}, nil
+	t := &topicDriver{js: js, stream: stream, partitions: n, maxPayload: max, ackTimeout: AckTimeoutDefault, acks: acks}
+	if opts != nil {
+		t.noMsgID = opts.NoMsgID
+		if opts.AckTimeout > 0 {
+			t.ackTimeout = opts.AckTimeout
+		}
+	}
+	return t, nil
 }
 
 // keyToken returns the subject token of key and whether the key itself
@@ -326,7 +343,7 @@ func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error
 			return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, i+1, len(ms), err)
 		}
 	}
-	timer := time.NewTimer(ackTimeout)
+	timer := time.NewTimer(t.ackTimeout)
 	defer timer.Stop()
 	select {
 	case <-b.done:
@@ -336,7 +353,7 @@ func (t *topicDriver) SendBatch(ctx context.Context, ms []*driver.Message) error
 	case <-timer.C:
 		t.acks.forget(id)
 		return fmt.Errorf("nats: publish to %s: %d of %d messages unacknowledged after %v: %w",
-			t.stream, t.acks.left(b), len(ms), ackTimeout, jetstream.ErrAsyncPublishTimeout)
+			t.stream, t.acks.left(b), len(ms), t.ackTimeout, jetstream.ErrAsyncPublishTimeout)
 	}
 	if b.err != nil {
 		return fmt.Errorf("nats: publish to %s (message %d of %d): %w", t.stream, b.errAt+1, len(ms), b.err)

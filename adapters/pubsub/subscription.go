@@ -295,7 +295,7 @@ func (s *subscriptionDriver) fromPubSub(rm *pubsubpb.ReceivedMessage, sent, answ
 	m.Attempt = max(int(rm.DeliveryAttempt), 1)
 	m.Copy = pm.GetMessageId() // a redrive publishes a new message
 	if s.starts != nil {
-		m.AckID.(*delivery).mark = &driverkit.StartMark{ID: pm.GetMessageId(), Earlier: int(rm.DeliveryAttempt) - 1}
+		m.AckID.(*delivery).mark = &driverkit.StartMark{ID: pm.GetMessageId(), Msg: m.ID, Earlier: int(rm.DeliveryAttempt) - 1}
 	}
 	return m
 }

@@ -413,7 +413,13 @@ func TestDeadLetterTopic(t *testing.T) {
 // TestRawDefaultBatcherSpreadsKeys documents why the driver never uses the
 // client's default batcher: it packs many keys into one batch, and a
 // Key_Shared subscription dispatches a batch by one key, so a key's messages
-// reach several consumers (measured on Pulsar 4.0.7: every key of 200).
+// reach several consumers (measured on Pulsar 4.0.7: every key of 197).
+//
+// The batches are capped at 20 messages and the keys number 197, a prime,
+// so that batch boundaries never line up with the key cycle: with 200 keys
+// and the default cap of 1,000 messages, a producer that fills whole batches
+// starts every batch with key-0, the broker dispatches them all to key-0's
+// consumer, and the test saw one consumer receive everything in 2 runs of 3.
 func TestRawDefaultBatcherSpreadsKeys(t *testing.T) {
 	client := newClient(t)
 	topicName := uniqueTopic("defaultbatcher")
@@ -429,12 +435,13 @@ func TestRawDefaultBatcherSpreadsKeys(t *testing.T) {
 		defer c.Close()
 		cs = append(cs, c)
 	}
-	p, err := client.CreateProducer(gopulsar.ProducerOptions{Topic: topicName}) // the default batcher
+	// The default batcher (BatcherBuilderType unset), with a small cap.
+	p, err := client.CreateProducer(gopulsar.ProducerOptions{Topic: topicName, BatchingMaxMessages: 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	const n, keys = 4000, 200
+	const n, keys = 4000, 197
 	for i := range n {
 		k := "key-" + strconv.Itoa(i%keys)
 		p.SendAsync(ctx, &gopulsar.ProducerMessage{Key: k, OrderingKey: k, Payload: make([]byte, 100)}, nil)

@@ -380,7 +380,7 @@ func (s *subscriptionDriver) decode(rm *types.Message, tail bool) *driver.Messag
 	m.Attempt = s.attempt(rm, m, tail)
 	if s.starts != nil {
 		d.prior, _ = strconv.Atoi(attrString(rm.MessageAttributes[AttrAttempts]))
-		d.mark = &driverkit.StartMark{ID: d.sqsID, Earlier: s.receives(rm, m) - 1}
+		d.mark = &driverkit.StartMark{ID: d.sqsID, Msg: m.ID, Earlier: s.receives(rm, m) - 1}
 	}
 	if ms, err := strconv.ParseInt(rm.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		m.PublishTime = time.UnixMilli(ms)

@@ -475,13 +475,17 @@ func lostConsumer(f *fixture) {
 	// A consumer takes a1, starts its handler and dies: it never settles
 	// nor extends the lease.
 	crashed := f.consumer()
+	// The lease runs from when the broker handed a1 out, at the earliest
+	// when the receive was sent: on a loaded machine the receive and the
+	// start record can take seconds, and timing the lease from after them
+	// flagged an SQS redelivery 7.5 s "into" a 10 s lease.
+	takenAt := time.Now()
 	ms, err := crashed.Receive(f.ctx, 1)
 	if err != nil || len(ms) != 1 || string(ms[0].Payload) != "a1" {
 		f.t.Fatalf("crashed consumer received %v, %v", ms, err)
 	}
 	f.started(crashed, ms)
 	lease := crashed.Capabilities().LeaseDuration
-	takenAt := time.Now()
 	f.subscribe(&subscribe.Config{Workers: 2}, nil)
 	f.waitFor(int(4*lease/f.unit)+40, "a2 handled", func() bool { return slices.Contains(f.rec.succeeded("A"), "a2") })
 	if got := f.rec.starts("A"); !slices.Equal(got, []string{"a1", "a2"}) {

@@ -2,10 +2,12 @@ package proctest
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // recorder is a testing.TB that keeps what check reports.
@@ -154,5 +156,52 @@ func TestCheckFlagsOvertaking(t *testing.T) {
 				t.Errorf("check reported %q, want an error containing %q", errs, c.want)
 			}
 		})
+	}
+}
+
+// TestCheckRecordedStartThatNeverRan is the shape of a Pub/Sub
+// TestPoisonKillsProcess failure (k37-001, MaxAttempts 3): k-001 ran in
+// process 0, which died; process 1 received it suspect, recorded its start
+// before the handler (driverkit.LogRecordingFirst) and died, exited by the
+// poison in another goroutine, before the handler began; process 2 ran it
+// at attempt 3 and died before its ack landed, and process 3 dead-lettered
+// it unrun. The store counted 3 starts: the dead letter is not early. The
+// same records without process 1's log line (the store never written) are.
+func TestCheckRecordedStartThatNeverRan(t *testing.T) {
+	dir := t.TempDir()
+	rs := []record{
+		rec(0, "start", "k-000", 1, 5), rec(0, "ok", "k-000", 1, 6),
+		rec(0, "start", "k-001", 1, 10),
+		rec(2, "start", "k-001", 3, 30), rec(2, "ok", "k-001", 3, 31),
+	}
+	procs := make([]*process, 4)
+	for i := range procs {
+		procs[i] = &process{index: i, endAt: int64(20 + 10*i), records: fmt.Sprintf("%s/records-%03d", dir, i)}
+	}
+	dead := []keyorder.DeadLetter{{Message: keyorder.Message{ID: "k-001"}, Reason: "attempts exhausted (3) by lost leases", Attempts: 4}}
+	check3 := func() []string {
+		r := &recorder{TB: t}
+		check(r, Scenario{MaxAttempts: 3}, "", rs, procs, dead, &Result{})
+		return r.errs
+	}
+	if errs := check3(); len(errs) != 1 || !strings.Contains(errs[0], "dead-lettered unrun or early") {
+		t.Fatalf("without the recorded start: errors %q, want one early dead letter", errs)
+	}
+	line := func(id string) string {
+		return fmt.Sprintf("time=2026-12-05T08:56:10.000Z level=DEBUG msg=%q subscription=s id=%s copy=123\n", driverkit.LogRecordingFirst, id)
+	}
+	// Process 1 recorded k-001's start and died; process 2 recorded it too,
+	// and its handler ran (the line is matched by its start record).
+	if err := os.WriteFile(procs[1].records+".log", []byte(line("k-001")+line("k-002")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(procs[2].records+".log", []byte(line("k-001")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := recordedUnstarted(procs, rs); got["k-001"] != 1 || len(got) != 2 {
+		t.Fatalf("recordedUnstarted = %v, want k-001:1 (process 1) and k-002:1", got)
+	}
+	if errs := check3(); len(errs) != 0 {
+		t.Fatalf("with process 1's recorded start: errors %q, want none", errs)
 	}
 }

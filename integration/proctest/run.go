@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/keyorder/keyorder"
+	"github.com/keyorder/keyorder/internal/driverkit"
 )
 
 // PoisonKey is the key of the poison message's group: its message 0 is the
@@ -331,11 +332,12 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 		deadAt[d.Message.ID] = true
 	}
 	var traced []string // keys whose history is logged below
+	unstarted := recordedUnstarted(procs, rs)
 	for _, d := range dead {
 		id := d.Message.ID
-		if n := runs[id]; n < sc.MaxAttempts {
-			t.Errorf("proctest: %s dead-lettered after %d run(s) of its own (MaxAttempts %d; reason %q, attempts %d): dead-lettered unrun or early",
-				id, n, sc.MaxAttempts, d.Reason, d.Attempts)
+		if n := runs[id] + unstarted[id]; n < sc.MaxAttempts {
+			t.Errorf("proctest: %s dead-lettered after %d run(s) of its own and %d recorded start(s) its handler never made (MaxAttempts %d; reason %q, attempts %d): dead-lettered unrun or early",
+				id, runs[id], unstarted[id], sc.MaxAttempts, d.Reason, d.Attempts)
 			if key, _, _ := parseID(id); len(traced) == 0 {
 				traced = append(traced, key)
 			}
@@ -420,6 +422,11 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 			t.Logf("proctest: %s@%d process %d: %.3f–%.3f s, %s", sp.id, sp.attempt, sp.proc,
 				float64(sp.start-t0)/1e9, float64(sp.end-t0)/1e9, how)
 		}
+		for id, n := range unstarted {
+			if k, _, _ := parseID(id); k == key {
+				t.Logf("proctest: %s: %d start(s) recorded before its handler ran, in a process that then died or a lease lost meanwhile", id, n)
+			}
+		}
 		for _, d := range dead {
 			if k, _, _ := parseID(d.Message.ID); k == key {
 				t.Logf("proctest: dead letter %s: reason %q, attempts %d", d.Message.ID, d.Reason, d.Attempts)
@@ -442,6 +449,47 @@ func check(t testing.TB, sc Scenario, poison string, rs []record, procs []*proce
 		}
 		t.Logf("proctest: process %d ended at %.3f s (%s)", i, float64(p.endAt-t0)/1e9, how)
 	}
+}
+
+// recordedUnstarted returns, per message, how many of the starts a start
+// store recorded before the handler ran (driverkit.LogRecordingFirst, one
+// debug line each in a consumer's log) were not followed by the handler's
+// start in that process: it died in between (killed, or exited by another
+// message's handler), or the lease was lost during the write and the
+// subscriber did not run the message. The store counts each as a run, and
+// so does the lower bound on dead letters: a reader of the store cannot
+// tell it from a handler killed in its first instant.
+func recordedUnstarted(procs []*process, rs []record) map[string]int {
+	out := map[string]int{}
+	for _, p := range procs {
+		b, err := os.ReadFile(p.records + ".log")
+		if err != nil {
+			continue
+		}
+		n := map[string]int{}
+		marker := "msg=" + strconv.Quote(driverkit.LogRecordingFirst)
+		for line := range strings.Lines(string(b)) {
+			if !strings.Contains(line, marker) {
+				continue
+			}
+			for f := range strings.FieldsSeq(line) {
+				if id, ok := strings.CutPrefix(f, "id="); ok {
+					n[id]++
+				}
+			}
+		}
+		for _, r := range rs {
+			if r.start && r.proc == p.index && n[r.id] > 0 {
+				n[r.id]--
+			}
+		}
+		for id, k := range n {
+			if k > 0 {
+				out[id] += k
+			}
+		}
+	}
+	return out
 }
 
 // logLines returns the lines of a consumer's log file that name a message

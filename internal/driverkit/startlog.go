@@ -32,6 +32,8 @@ const startStoreTimeout = 10 * time.Second
 type StartMark struct {
 	// ID is the broker's ID of the message's copy (the store's id).
 	ID string
+	// Msg is the message's own ID (keyorder's), for logs only.
+	Msg string
 	// Earlier is how many earlier deliveries of the copy the broker counts
 	// (set by the driver before Resolve): the store is read only when
 	// it is above 0, and a message whose earlier deliveries outnumber its
@@ -144,9 +146,21 @@ func (m *StartMark) Failed() bool {
 	return m.failed
 }
 
+// LogRecordingFirst is the message of the debug line StartLog.Started logs
+// for each mark, naming its message (id), before it writes the start of a
+// suspect message, that is before its handler runs. A process that dies
+// between that write and the handler's start (killed, or exited by another
+// message's handler), or a lease lost during the write (the subscriber then
+// does not run the message), leaves one recorded start the handler never
+// made: it counts against the message's attempts like a run, because no
+// reader of the store can tell it from a handler killed in its first
+// instant (the run a poison message makes). Crash tests read this line to
+// tell such a start from a run that was never recorded.
+const LogRecordingFirst = "keyorder: recording a handler start before it runs"
+
 // Started counts a start of each mark. It returns at once, the runs to be
 // written after the log's delay, unless one of the marks is suspect: then
-// it records them all before it returns.
+// it records them all before it returns (see LogRecordingFirst).
 func (l *StartLog) Started(ctx context.Context, ms []*StartMark) error {
 	wait := false
 	for _, m := range ms {
@@ -156,6 +170,9 @@ func (l *StartLog) Started(ctx context.Context, ms []*StartMark) error {
 		m.mu.Unlock()
 	}
 	if wait {
+		for _, m := range ms {
+			l.log.Debug(LogRecordingFirst, "subscription", l.sub, "id", m.Msg, "copy", m.ID)
+		}
 		return l.write(ctx, ms)
 	}
 	l.mu.Lock()

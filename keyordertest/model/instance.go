@@ -22,8 +22,8 @@ type Instance struct {
 	revoke  func(ctx context.Context, selected func(*driver.Message) bool) []*driver.Message
 	crashed bool
 
-	// Guarded by the broker's mu: the revocations under way from this
-	// instance (Broker.Revoke), and how many have begun.
+	// Guarded by the broker's mu: the revocations from this instance
+	// (Broker.Revoke), and a count of their starts and ends.
 	revoking []*revoking
 	revokes  uint64
 	// down: Crash was called (read under the broker's mu, which Crashed's
@@ -31,20 +31,34 @@ type Instance struct {
 	down bool
 }
 
-// revoking is a Broker.Revoke under way: from its start until the broker
-// takes the leases back, a Receive of the instance begun after its start
-// returns none of the keys it selects.
+// revoking is a Broker.Revoke: from its start until the broker takes the
+// leases back, a Receive of the instance begun after its start returns
+// none of the keys it selects; once they are taken back, a Receive begun
+// before then returns nothing more (see Broker.Revoke).
 type revoking struct {
 	n        uint64 // the instance's revokes as it began
+	done     uint64 // the instance's revokes as the leases were taken back; 0 before
 	selected func(key string) bool
 }
 
 // withheld reports whether a Receive of i begun when i.revokes was began
-// must not return a message of key: a revocation selecting it began since.
-// The broker's mu is held.
+// must not return a message of key: a revocation selecting it began since
+// and is under way. The broker's mu is held.
 func (i *Instance) withheld(key string, began uint64) bool {
 	for _, r := range i.revoking {
-		if r.n <= began && r.selected(key) {
+		if r.done == 0 && r.n <= began && r.selected(key) {
+			return true
+		}
+	}
+	return false
+}
+
+// interrupted reports whether a Receive of i begun when i.revokes was
+// began must end: a revocation took its leases back since. The broker's mu
+// is held.
+func (i *Instance) interrupted(began uint64) bool {
+	for _, r := range i.revoking {
+		if r.done > began {
 			return true
 		}
 	}
@@ -216,6 +230,10 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 			return nil, err
 		}
 		b.mu.Lock()
+		if i.interrupted(began) {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("receive: interrupted by a revocation: %w", ErrTransient)
+		}
 		now := time.Now()
 		b.expire(now)
 		out := b.take(i, maxMessages, now, began)

@@ -579,7 +579,11 @@ func (b *Broker) Unsettled() []string {
 // returns none (a driver stops handing out a revoked partition before it
 // calls revoke: once revoke has returned, "no selected message that had
 // not started will start in this process", driver.Revocable, which no
-// consumer can keep for a message handed out after it returned).
+// consumer can keep for a message handed out after it returned). Once the
+// leases are taken back, a Receive begun before then fails retryably
+// without effect (a rebalance ends a poll) rather than return messages
+// the broker handed out anew, which the portable layer could not tell
+// from those the revocation took back.
 func (b *Broker) Revoke(ctx context.Context, inst *Instance, selected func(key string) bool) []*driver.Message {
 	inst.mu.Lock()
 	revoke := inst.revoke
@@ -597,7 +601,8 @@ func (b *Broker) Revoke(ctx context.Context, inst *Instance, selected func(key s
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.trace("revoke from instance %d: the portable layer returned (%d still running); leases taken back", inst.id, len(still))
-	inst.revoking = slices.DeleteFunc(inst.revoking, func(r *revoking) bool { return r == rv })
+	inst.revokes++
+	rv.done = inst.revokes
 	var gone []*lease
 	for _, l := range b.leases {
 		if l.inst == inst && selected(l.r.msg.Key) {
