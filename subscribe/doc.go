@@ -191,7 +191,11 @@
 //     before a run only when its count is past MaxAttempts+1 (lost
 //     deliveries it may never have run used it up: it gets one run, and
 //     MaxAttempts+1 runs bound a message that kills every process running
-//     it), or past MaxAttempts where the driver records starts.
+//     it), or past MaxAttempts where the driver records starts. A
+//     driver that records starts is told of a batch with all its members;
+//     the starts of those behind a failed one, which never ran, are not
+//     the message's attempts: its redelivery here takes them off, and a
+//     driver that takes messages back with a count gets its own.
 //   - Chains: the driver owns what the broker leases together (the
 //     PostgreSQL claim's chain of one key, held until every member is
 //     settled; an SQS receive of one group); the Subscriber owns what it

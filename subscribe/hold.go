@@ -197,6 +197,7 @@ func (s *Subscriber) drop(it *item) {
 	if it.chain != nil {
 		it.chain.broken.Store(true)
 	}
+	s.noteUnrun(it)
 	s.forget(it)
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"runtime/debug"
 	"time"
 
@@ -225,6 +226,14 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		return nil, lanes.Done()
 	}
 	it, rest := run[i], run[i+1:]
+	if _, ok := s.drv.(driver.StartRecorder); ok {
+		// Recorded as started with the batch, not handled.
+		for _, o := range rest {
+			if o.unrun < math.MaxUint16 {
+				o.unrun++
+			}
+		}
+	}
 	var revoked []*item
 	for _, o := range run[i:] {
 		if o.revoking.Load() {
@@ -344,6 +353,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 		// own, due then, where the process holds it.
 		if s.caps.NativeHold {
 			m := it.m
+			s.noteUnrun(it) // its own failure counts; its unrun starts do not
 			s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		} else {
 			it.attempt++
@@ -362,6 +372,7 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			it.chain.broken.Store(true)
 		}
 		m := it.m
+		s.noteUnrun(it) // its own failure counts; its unrun starts do not
 		s.settle(it, func(ctx context.Context) error { return s.drv.Nack(ctx, m, delay) })
 		s.cut(rest)
 		return nil, lanes.Done()

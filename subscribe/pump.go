@@ -67,6 +67,12 @@ type item struct {
 	// attempts get their own, since a handler may keep the one it was given.
 	d      keyorder.Delivery
 	called bool
+	// unrun counts the handler starts recorded for it
+	// (driver.StartRecorder) that its handler never came to: a RunBatch
+	// batch is recorded with all its members, and those behind a failed
+	// one were not handled (keyorder.FailedAt). The broker's count holds
+	// them, the item's attempt does not (see unrunNote). Its lane's.
+	unrun uint16
 	// dp is the Delivery of the attempt running (or last run): how
 	// driver.Attempt.Message finds the member of a Delivery.
 	dp *keyorder.Delivery
@@ -172,6 +178,7 @@ func (s *Subscriber) pump(ctx context.Context, pool *lanes.Pool[*item]) error {
 			s.seq++
 			it := s.items.Next()
 			it.m, it.attempt, it.hasToken, it.seq = m, max(m.Attempt, 1), i < n, s.seq
+			s.takeUnrun(it)
 			it.started[0] = m
 			if s.copiesPayload() {
 				it.first = s.payloads.Copy(m.Payload)
@@ -256,6 +263,9 @@ func (s *Subscriber) giveBack(its []*item) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.detach(its...)
+	for _, it := range its {
+		s.noteUnrun(it)
+	}
 	err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Release(ctx, ms) })
 	if err != nil {
 		s.stats.SettleFailures.Add(1)

@@ -33,7 +33,9 @@ func (s *Subscriber) giveBackAtStop(its []*item) {
 	}
 	var back, ret []*item
 	for _, it := range its {
-		if s.ranHere(it) {
+		if s.ranHere(it) || it.unrun > 0 {
+			// Failed here, or recorded as started where it never ran:
+			// its count is this process's.
 			ret = append(ret, it)
 		} else {
 			back = append(back, it)

@@ -5,6 +5,7 @@ package subscribe
 
 import (
 	"context"
+	"math"
 
 	"github.com/keyorder/keyorder/driver"
 )
@@ -42,4 +43,42 @@ func (s *Subscriber) recordStarted(ctx context.Context, r driver.StartRecorder, 
 		s.cfg.Logger.Debug("keyorder: recording a handler start failed; running it anyway",
 			"id", ms[0].ID, "key", ms[0].Key, "count", len(ms), "err", err)
 	}
+}
+
+// unrunNote is what unrunStarts keeps for a message: the broker's copy of
+// the delivery (driver.Message.Copy) and how many of its recorded starts
+// never ran.
+type unrunNote struct {
+	copy any
+	n    int
+}
+
+// noteUnrun remembers the unrun starts of it, which goes back to the broker
+// (released, or its lease lost) with them on the broker's count. A driver
+// that records starts counts them (driver.StartRecorder: "once with all the
+// members that run"), but a message is dead-lettered for its attempts only
+// after runs of its own: its redelivery here takes them off (takeUnrun).
+// Another process cannot; where the driver is a driver.Returner, a message
+// cut here goes back through Return with its own count instead
+// (giveBackAtStop).
+func (s *Subscriber) noteUnrun(it *item) {
+	if it.unrun > 0 {
+		s.unrunStarts.put(it.m.ID, unrunNote{copy: it.m.Copy, n: int(it.unrun)})
+	}
+}
+
+// takeUnrun takes off a received message's attempt the starts noted for
+// an earlier delivery of the same copy that never ran (noteUnrun), and
+// keeps them on the item in case it goes back again.
+func (s *Subscriber) takeUnrun(it *item) {
+	n, ok := s.unrunStarts.get(it.m.ID)
+	if !ok {
+		return
+	}
+	s.unrunStarts.remove(it.m.ID)
+	if n.copy != it.m.Copy {
+		return // redriven or published again: a count of its own
+	}
+	it.attempt = max(it.m.Attempt-n.n, 1)
+	it.unrun = uint16(min(n.n, math.MaxUint16))
 }

@@ -96,7 +96,11 @@ type Subscriber struct {
 	// again if the DeadLetter call was given up, else acknowledged
 	// (undeadNote, redeliveredDead).
 	undead *noteSet[deadNote]
-	stats  counters
+	// unrunStarts remembers, per message ID, the starts recorded for a
+	// message given back or lost here that its handler never came to
+	// (item.unrun), so that its redelivery here does not count them.
+	unrunStarts *noteSet[unrunNote]
+	stats       counters
 
 	// settling tracks acknowledgements being retried off the acker.
 	settling sync.WaitGroup
@@ -174,6 +178,7 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 		heldRoom:    make(chan struct{}, 1),
 		acked:       newIDSet(c.DedupeSize),
 		undead:      newNoteSet[deadNote](c.DedupeSize),
+		unrunStarts: newNoteSet[unrunNote](c.DedupeSize),
 	}
 	s.outstandingAsked = cfg != nil && cfg.MaxOutstanding != 0
 	if s.caps.MaxBatch <= 0 {
