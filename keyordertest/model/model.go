@@ -289,10 +289,10 @@ func (b *Broker) loseCounted(l *lease, counted bool) {
 	b.trace("lease of %s (instance %d) lost, counted %v", l.r.msg.ID, l.inst.id, counted && !l.dup)
 	b.drop(l)
 	r := l.r
+	r.lost++ // a duplicate's lease too (LostLeases)
 	if l.dup {
 		return
 	}
-	r.lost++
 	if counted {
 		r.attempts++
 	}
@@ -506,7 +506,10 @@ func (b *Broker) DeadLetters() []driver.DeadLetter {
 }
 
 // LostLeases returns, per message ID, how many of its leases the broker
-// took back (reported, expired, revoked or lost with a crashed instance).
+// took back (reported, expired, revoked or lost with a crashed instance),
+// those of an acknowledged message delivered again (Faults.Duplicate)
+// included: its key is free for another instance from then on, while the
+// handler that ran the duplicate may still be running.
 func (b *Broker) LostLeases() map[string]int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
