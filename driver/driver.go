@@ -324,6 +324,30 @@ type ReleaseRedeliverer interface {
 	ReleaseRedelivers() bool
 }
 
+// FinalAcker is implemented by Subscription drivers whose broker never
+// hands this process a message again once an Ack of it has returned nil.
+// Elsewhere a broker may: Pub/Sub redelivers acknowledged messages, Kafka
+// replays offsets not yet committed when a partition moves, and an
+// acknowledgement can reach a broker after the lease it was made under ran
+// out and the message was delivered again. The portable layer remembers
+// the message IDs it acknowledged (subscribe.Config.DedupeSize) so that
+// such a copy does not run again; over a driver whose Acks are final it
+// remembers only those whose Ack failed, which the broker redelivers when
+// their leases run out, and looks up no ID until there is one. Report true
+// only when an Ack that returns nil settles the message for good and an
+// Ack made under a lease that was lost fails (PostgreSQL). A driver that
+// does not implement it is taken not to be final.
+//
+// A wrapper that embeds a Subscription does not forward the method, so
+// wrapping a driver keeps every acknowledged ID unless the wrapper
+// implements it too.
+type FinalAcker interface {
+	// AcksFinal reports whether an Ack that returned nil is final as
+	// described; a driver whose answer depends on its configuration
+	// reports false when it cannot tell.
+	AcksFinal() bool
+}
+
 // Namer is implemented by Subscription drivers that know the name of their
 // subscription. subscribe puts it in keyorder.Delivery.Subscription; it is
 // never a URL, so no secret of the URL reaches a handler or its logs.

@@ -24,8 +24,9 @@ import (
 // messages built before the timer starts and whose Ack only counts, so
 // that publishing and a broker's own work are out of the picture. b.N
 // messages over 1,000 keys, a no-op handler, Ordered. hold=native is the
-// shape of PostgreSQL and SQS (the broker holds keys); hold=inprocess that
-// of Kafka (the subscriber holds keys, the driver records starts). An op
+// shape of PostgreSQL (the broker holds keys, acknowledgements are final:
+// driver.FinalAcker); hold=inprocess that of Kafka (the subscriber holds
+// keys and remembers acknowledged IDs, the driver records starts). An op
 // is one message acknowledged.
 func BenchmarkConsume(b *testing.B) {
 	for _, native := range []bool{true, false} {
@@ -137,6 +138,7 @@ func (d *benchDriver) DeadLetter(ctx context.Context, m *driver.Message, reason 
 func (d *benchDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Ordering: policy.Ordered, NativeHold: d.native, LeaseDuration: 30 * time.Second, MaxBatch: 500}
 }
+func (d *benchDriver) AcksFinal() bool                                         { return d.native }
 func (d *benchDriver) IsRetryable(err error) bool                              { return false }
 func (d *benchDriver) ErrorCode(err error) keyorder.ErrorCode                  { return keyorder.CodeUnknown }
 func (d *benchDriver) Close() error                                            { return nil }

@@ -71,7 +71,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// DedupeSize is how many acknowledged message IDs are remembered, at
 	// least (up to twice as many), to suppress redeliveries. Defaults to
-	// DedupeSizeDefault; negative disables.
+	// DedupeSizeDefault; negative disables. Over a backend whose
+	// acknowledgements are final (PostgreSQL) only the IDs whose Ack
+	// failed are remembered.
 	DedupeSize int
 	// Middleware wraps the handler, first entry outermost.
 	Middleware []Middleware

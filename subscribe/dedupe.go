@@ -66,6 +66,10 @@ func (s *noteSet[V]) remove(id string) {
 // acknowledged message); clearing a full map costs about as much per ID,
 // but in one sweep.
 type idSet struct {
+	// used is set by the first add: until then has answers without the
+	// lock (over a driver whose acknowledgements are final, only a failed
+	// Ack adds).
+	used      atomic.Bool
 	mu        sync.Mutex
 	n         int
 	cur, prev map[string]struct{}
@@ -84,6 +88,9 @@ func (s *idSet) add(id string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.used.Load() {
+		s.used.Store(true)
+	}
 	if _, ok := s.cur[id]; ok {
 		return
 	}
@@ -95,7 +102,7 @@ func (s *idSet) add(id string) {
 }
 
 func (s *idSet) has(id string) bool {
-	if s.n == 0 || id == "" {
+	if s.n == 0 || id == "" || !s.used.Load() {
 		return false
 	}
 	s.mu.Lock()

@@ -208,7 +208,9 @@ func (s *Subscriber) decide(ctx context.Context, run []*item, ends []func(Outcom
 			continue
 		}
 		observed(ends[k], OutcomeAck, nil)
-		s.acked.add(it.m.ID)
+		if !s.acksFinal {
+			s.acked.add(it.m.ID)
+		}
 		s.stats.Acked.Add(1)
 		if it.revoking.Load() {
 			now = append(now, it)
@@ -393,6 +395,7 @@ func (s *Subscriber) ackNow(its []*item) {
 		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 		defer cancel()
 		if err := s.retrySettle(ctx, func(ctx context.Context) error { return s.drv.Ack(ctx, ms) }); err != nil {
+			s.unacked(ms)
 			s.stats.SettleFailures.Add(1)
 			s.cfg.Logger.Warn("keyorder: acknowledging revoked messages failed; the partition's next owner may run them again", "count", len(ms), "err", err)
 		}

@@ -65,6 +65,7 @@ func (s *Subscriber) ack(ctx context.Context, batch []*item, ms []*driver.Messag
 		return
 	}
 	if err := s.drv.Ack(ctx, ms); err != nil {
+		s.unacked(ms)
 		if s.drv.IsRetryable(err) {
 			// Retried off the acker, so the acknowledgements queued
 			// behind this batch are not held up by it.
@@ -77,6 +78,18 @@ func (s *Subscriber) ack(ctx context.Context, batch []*item, ms []*driver.Messag
 		s.cfg.Logger.Warn("keyorder: acknowledging messages failed; the broker may redeliver them", "count", len(ms), "err", err)
 	}
 	s.forgetAll(batch)
+}
+
+// unacked remembers the IDs of messages whose Ack failed over a driver
+// whose acknowledgements are final (driver.FinalAcker), which remembers no
+// other: the broker may redeliver them, and they ran.
+func (s *Subscriber) unacked(ms []*driver.Message) {
+	if !s.acksFinal {
+		return
+	}
+	for _, m := range ms {
+		s.acked.add(m.ID)
+	}
 }
 
 // retryAck retries an acknowledgement that failed with a retryable error,

@@ -86,7 +86,11 @@ type Subscriber struct {
 	heldRoom chan struct{}
 	peak     int
 
-	acked *idSet
+	// acked: the IDs of the messages this process acknowledged, so that a
+	// redelivery of one does not run; under acksFinal (driver.FinalAcker)
+	// only those whose Ack failed (see ack).
+	acked     *idSet
+	acksFinal bool
 	// undead remembers, per message ID, the dead letters this process
 	// made, so a redelivery of the same copy is not run: dead-lettered
 	// again if the DeadLetter call was given up, else acknowledged
@@ -183,6 +187,9 @@ func New(drv driver.Subscription, cfg *Config) (*Subscriber, error) {
 	}
 	if r, ok := drv.(driver.ReleaseRedeliverer); ok {
 		s.releaseRedelivers = r.ReleaseRedelivers()
+	}
+	if f, ok := drv.(driver.FinalAcker); ok {
+		s.acksFinal = f.AcksFinal()
 	}
 	s.observeAttach()
 	return s, nil

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -180,27 +181,56 @@ func (s *subscriptionDriver) balance(ctx context.Context) {
 	h := fnv.New32a()
 	h.Write([]byte(s.id))
 	start := int(h.Sum32() % uint32(s.nparts))
-	for i := 0; i < s.nparts && owned < share; i++ {
-		n := (start + i) % s.nparts
-		s.mu.Lock()
-		_, have := s.parts[n]
-		closed := s.closed || !s.joined
-		s.mu.Unlock()
-		if have || closed {
-			continue
+	// The partitions still wanted are tried share-owned at a time, each
+	// try's entry and consumer requests in parallel (a process joining an
+	// idle subscription takes every partition: one after another that was
+	// 16 requests in a row before its first message), the next ones only
+	// for those another process holds.
+	for i := 0; i < s.nparts && owned < share; {
+		var try []int
+		for ; i < s.nparts && len(try) < share-owned; i++ {
+			n := (start + i) % s.nparts
+			s.mu.Lock()
+			_, have := s.parts[n]
+			closed := s.closed || !s.joined
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			if !have {
+				try = append(try, n)
+			}
 		}
-		sent := time.Now()
-		rev, err := s.leases.Create(ctx, partKey(n), []byte(s.id))
-		if err != nil {
-			continue
+		var wg sync.WaitGroup
+		var took atomic.Int32
+		for _, n := range try {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if s.take(ctx, n) {
+					took.Add(1)
+				}
+			}()
 		}
-		if err := s.acquire(ctx, n, rev, sent); err != nil {
-			s.opts.Logger.Warn("keyorder: nats: partition not taken", "subscription", s.sub, "partition", n, "err", err)
-			_ = s.leases.Delete(ctx, partKey(n), jetstream.LastRevision(rev))
-			continue
-		}
-		owned++
+		wg.Wait()
+		owned += int(took.Load())
 	}
+}
+
+// take takes partition n if no process holds it, and reports whether it
+// did.
+func (s *subscriptionDriver) take(ctx context.Context, n int) bool {
+	sent := time.Now()
+	rev, err := s.leases.Create(ctx, partKey(n), []byte(s.id))
+	if err != nil {
+		return false
+	}
+	if err := s.acquire(ctx, n, rev, sent); err != nil {
+		s.opts.Logger.Warn("keyorder: nats: partition not taken", "subscription", s.sub, "partition", n, "err", err)
+		_ = s.leases.Delete(ctx, partKey(n), jetstream.LastRevision(rev))
+		return false
+	}
+	return true
 }
 
 // acquire starts consuming partition n, owned at revision rev.

@@ -1,10 +1,15 @@
 package nats_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
+	"net/url"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,38 +71,56 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	for _, msgID := range []bool{true, false} {
 		suffix := map[bool]string{true: "msgid=on", false: "msgid=off"}[msgID]
-		b.Run("Raw/"+suffix, func(b *testing.B) {
-			js := connect(b)
-			stream := benchStream(b, js, false)
-			subjects := make([]string, len(keys))
-			for i, k := range keys {
-				subjects[i] = stream + "." + hex.EncodeToString([]byte(k))
-			}
-			base := uint32(time.Now().UnixNano())
-			futs := make([]jetstream.PubAckFuture, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				m := &nats.Msg{Subject: subjects[i%len(keys)], Data: payload}
+		for _, header := range []bool{false, true} {
+			name := "Raw/" + suffix
+			if header {
 				if msgID {
-					m.Header = nats.Header{}
-					m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%08x-0000-7000-8000-%012x", base, i))
+					continue
 				}
-				f, err := publishStalled(js, m)
-				if err != nil {
-					b.Fatal(err)
-				}
-				futs = append(futs, f)
+				name = "Raw/header"
 			}
-			<-js.PublishAsyncComplete()
-			for _, f := range futs {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					b.Fatal(err)
+			b.Run(name, func(b *testing.B) {
+				js := connect(b)
+				stream := benchStream(b, js, false)
+				subjects := make([]string, len(keys))
+				for i, k := range keys {
+					subjects[i] = stream + "." + hex.EncodeToString([]byte(k))
 				}
-			}
-		})
+				base := uint32(time.Now().UnixNano())
+				futs := make([]jetstream.PubAckFuture, 0, b.N)
+				b.ReportAllocs()
+				b.ResetTimer()
+				srv := startServerCPU(b)
+				for i := range b.N {
+					m := &nats.Msg{Subject: subjects[i%len(keys)], Data: payload}
+					switch {
+					case msgID:
+						m.Header = nats.Header{}
+						m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%08x-0000-7000-8000-%012x", base, i))
+					case header:
+						// The header keyorder sends with msg_id=off: the ID,
+						// which the server parses and stores but does not
+						// check.
+						m.Header = nats.Header{}
+						m.Header.Set(kn.HeaderID, fmt.Sprintf("%08x-0000-7000-8000-%012x", base, i))
+					}
+					f, err := publishStalled(js, m)
+					if err != nil {
+						b.Fatal(err)
+					}
+					futs = append(futs, f)
+				}
+				<-js.PublishAsyncComplete()
+				for _, f := range futs {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						b.Fatal(err)
+					}
+				}
+				srv.report(b)
+			})
+		}
 		open := func(b *testing.B) *publish.Publisher {
 			js := connect(b)
 			stream := benchStream(b, js, true)
@@ -114,6 +137,7 @@ func BenchmarkPublish(b *testing.B) {
 			rs := make([]*publish.Result, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
+			srv := startServerCPU(b)
 			for i := range b.N {
 				rs[i] = p.PublishAsync(ctx, &keyorder.Message{Key: keys[i%len(keys)], Payload: payload})
 			}
@@ -122,6 +146,7 @@ func BenchmarkPublish(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			srv.report(b)
 		})
 		b.Run("Batch/"+suffix, func(b *testing.B) {
 			p := open(b)
@@ -136,6 +161,7 @@ func BenchmarkPublish(b *testing.B) {
 			errs := make(chan error, len(shares))
 			b.ReportAllocs()
 			b.ResetTimer()
+			srv := startServerCPU(b)
 			for _, share := range shares {
 				go func() {
 					for c := range slices.Chunk(share, 1000) {
@@ -152,6 +178,7 @@ func BenchmarkPublish(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			srv.report(b)
 		})
 	}
 }
@@ -166,4 +193,72 @@ func publishStalled(js jetstream.JetStream, m *nats.Msg) (jetstream.PubAckFuture
 		}
 		<-js.PublishAsyncComplete()
 	}
+}
+
+// serverCPU measures the CPU time the test server's process (nats-server
+// on this machine, found by its port) spends during a benchmark, from
+// /proc: reported per message as server-ns/op, it is the server's side of
+// a publish, which the client's profile does not show. Others' use of the
+// same server counts too; nothing is reported where /proc or the process
+// cannot be read.
+type serverCPU struct {
+	stat  string // the server's /proc/<pid>/stat
+	start time.Duration
+}
+
+func startServerCPU(b *testing.B) *serverCPU {
+	u, err := url.Parse(os.Getenv("KEYORDER_NATS_URL"))
+	if err != nil || u.Port() == "" {
+		return nil
+	}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		cmd, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(cmd, []byte("nats-server")) {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if i := slices.Index(args, "-p"); i >= 0 && i+1 < len(args) && args[i+1] == u.Port() {
+			s := &serverCPU{stat: "/proc/" + d.Name() + "/stat"}
+			if s.start, err = procCPU(s.stat); err != nil {
+				return nil
+			}
+			return s
+		}
+	}
+	return nil
+}
+
+// report reports the server's CPU per message since start.
+func (s *serverCPU) report(b *testing.B) {
+	if s == nil {
+		return
+	}
+	end, err := procCPU(s.stat)
+	if err != nil {
+		return
+	}
+	b.ReportMetric(float64(end-s.start)/float64(b.N), "server-ns/op")
+}
+
+// procCPU reads a process's user and system CPU time from its stat file.
+func procCPU(path string) (time.Duration, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command's closing parenthesis: state is the
+	// 3rd field of the file, utime the 14th and stime the 15th.
+	rest := raw[bytes.LastIndexByte(raw, ')')+2:]
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%s: %d fields", path, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("%s: utime %q stime %q", path, f[11], f[12])
+	}
+	// USER_HZ is 100 on Linux.
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }

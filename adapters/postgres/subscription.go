@@ -188,6 +188,12 @@ func openSubscription(ctx context.Context, pool *pgxpool.Pool, topic, sub string
 // Name returns the subscription's name.
 func (su *pgSubscription) Name() string { return su.info.name }
 
+// AcksFinal implements driver.FinalAcker: true. An Ack deletes the
+// deliveries it settles in its transaction, and one from a consumer whose
+// lease was lost fails (ErrLeaseLost), so a message whose Ack returned nil
+// is never claimed again.
+func (su *pgSubscription) AcksFinal() bool { return true }
+
 // Settings returns the subscription's settings, as fixed at creation.
 func (su *pgSubscription) Settings() SubscriptionOptions { return *su.info.opts }
 

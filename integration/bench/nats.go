@@ -85,7 +85,8 @@ func natsBackend(context.Context) (*backend, error) {
 			"Nats-Msg-Id per message, which the stream checks and records in its duplicate window (2 minutes). keyorder: streams of %d partitions, "+
 			"Ordered, %s, one owner per partition (here one process); by default each message carries its ID as Nats-Msg-Id, "+
 			"and its ×raw ratios divide by \"raw nats.go + Nats-Msg-Id\"; the msg_id=off rows (TopicOptions.NoMsgID) send none "+
-			"and divide by plain \"raw nats.go\".", natsPartitions, lanesNote(64)),
+			"and divide by plain \"raw nats.go\"; \"raw nats.go + Keyorder-Id\" sends the 36-character ID in the header those rows carry, "+
+			"which the server parses and stores but does not check.", natsPartitions, lanesNote(64)),
 		systems: append([]system{{name: "raw nats.go", ref: true,
 			open: func(ctx context.Context, id string) (endpoint, error) {
 				c, err := nats.Connect(addr)
@@ -110,12 +111,17 @@ type natsRaw struct {
 	js     jetstream.JetStream
 	stream string
 	drop   func(string)
-	msgID  bool // each message carries a Nats-Msg-Id header (-raw-attrs)
+	msgID  bool // each message carries a Nats-Msg-Id header
+	header bool // each message carries its ID in a Keyorder-Id header, as keyorder's msg_id=off
 	idBase uint32
 }
 
-// natsMsgIDRaw names the raw client sending a Nats-Msg-Id per message.
-const natsMsgIDRaw = "raw nats.go + Nats-Msg-Id"
+// natsMsgIDRaw names the raw client sending a Nats-Msg-Id per message;
+// natsHeaderRaw the raw client sending the ID in a Keyorder-Id header.
+const (
+	natsMsgIDRaw  = "raw nats.go + Nats-Msg-Id"
+	natsHeaderRaw = "raw nats.go + Keyorder-Id"
+)
 
 // natsKoSystems returns keyorder's systems twice: with the Nats-Msg-Id
 // (the default), compared with the raw client sending the same header,
@@ -138,7 +144,9 @@ func natsKoSystems(factory func(*knats.TopicOptions) koFactory, t koTuning) []sy
 // natsRawAttrs returns the raw client publishing each message with a
 // Nats-Msg-Id header as keyorder does (a 36-character ID): the stream then
 // checks and records every ID in its duplicate window, which the plain raw
-// side skips.
+// side skips. And the raw client sending the ID in a Keyorder-Id header,
+// as keyorder's msg_id=off does: the server parses and stores a header it
+// does not check, which the plain raw side (no header) skips too.
 func natsRawAttrs(addr string, drop func(string)) []system {
 	return []system{{name: natsMsgIDRaw,
 		open: func(ctx context.Context, id string) (endpoint, error) {
@@ -152,6 +160,18 @@ func natsRawAttrs(addr string, drop func(string)) []system {
 				return nil, err
 			}
 			return &natsRaw{nc: c, js: cjs, stream: id, drop: drop, msgID: true, idBase: uint32(time.Now().UnixNano())}, nil
+		}}, {name: natsHeaderRaw,
+		open: func(ctx context.Context, id string) (endpoint, error) {
+			c, err := nats.Connect(addr)
+			if err != nil {
+				return nil, err
+			}
+			cjs, _ := jetstream.New(c)
+			if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}}); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return &natsRaw{nc: c, js: cjs, stream: id, drop: drop, header: true, idBase: uint32(time.Now().UnixNano())}, nil
 		}}}
 }
 
@@ -159,10 +179,14 @@ func (e *natsRaw) publish(ctx context.Context, w *workload) error {
 	futs := make([]jetstream.PubAckFuture, 0, w.n())
 	for i := range w.n() {
 		subject := e.stream + "." + hex.EncodeToString([]byte(w.key(i)))
-		if e.msgID {
+		if e.msgID || e.header {
 			m := nats.NewMsg(subject)
 			m.Data = w.payloads[i]
-			m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%08x-0000-7000-8000-%012x", e.idBase, i))
+			name := nats.MsgIdHdr
+			if e.header {
+				name = knats.HeaderID
+			}
+			m.Header.Set(name, fmt.Sprintf("%08x-0000-7000-8000-%012x", e.idBase, i))
 			f, err := retryStalled(ctx, e.js, func() (jetstream.PubAckFuture, error) { return e.js.PublishMsgAsync(m) })
 			if err != nil {
 				return err

@@ -26,7 +26,7 @@
 // does.
 //
 // The broker keeps its own record of what happened (Broker.Acked,
-// Broker.DeadLetters, Broker.LostLeases) so that a test can check a
+// Broker.DeadLetters, Broker.LostLeases, Broker.UnseenCharges) so that a test can check a
 // consumer against the broker's truth rather than against what the consumer
 // believes. Started and Return never fail: the attempt counts they carry
 // are exact, so a test may require that attempts equal runs wherever the

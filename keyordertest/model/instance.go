@@ -26,6 +26,9 @@ type Instance struct {
 	// (Broker.Revoke), and a count of their starts and ends.
 	revoking []*revoking
 	revokes  uint64
+	// down: Crash was called (read under the broker's mu, which Crashed's
+	// i.mu may not be taken under).
+	down bool
 }
 
 // revoking is a Broker.Revoke: from its start until the broker takes the
@@ -80,11 +83,14 @@ func (i *Instance) ID() int { return i.id }
 // may have been running).
 func (i *Instance) Crash() {
 	i.mu.Lock()
-	defer i.mu.Unlock()
 	if !i.crashed {
 		i.crashed = true
 		close(i.crash)
 	}
+	i.mu.Unlock()
+	i.b.mu.Lock()
+	i.down = true
+	i.b.mu.Unlock()
 }
 
 // Holds reports whether the instance holds a live lease of the message
@@ -232,11 +238,15 @@ func (i *Instance) Receive(ctx context.Context, maxMessages int) ([]*driver.Mess
 		b.expire(now)
 		out := b.take(i, maxMessages, now, began)
 		if len(out) > 0 || err != nil {
-			b.mu.Unlock()
 			if err != nil {
 				// The leases were taken, the answer lost: they run out.
+				for _, m := range out {
+					m.AckID.(*lease).unseen = true
+				}
+				b.mu.Unlock()
 				return nil, err
 			}
+			b.mu.Unlock()
 			return out, nil
 		}
 		wake, ok := b.nextWake(now)

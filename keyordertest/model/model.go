@@ -113,6 +113,9 @@ type rec struct {
 	dead      bool
 	lease     *lease // the live non-duplicate lease, nil when none
 	lost      int    // leases lost
+	// unseen: attempts counted for leases lost where no running consumer
+	// knew of them (see Broker.UnseenCharges).
+	unseen int
 }
 
 func (r *rec) settled() bool { return r.acked || r.dead }
@@ -126,6 +129,9 @@ type lease struct {
 	msg      *driver.Message
 	dup      bool // a redelivery of an acknowledged message
 	nacked   bool
+	// unseen: the Receive that took it failed after taking effect, so
+	// no consumer ever saw this delivery.
+	unseen bool
 }
 
 // Broker is a model subscription; see the package documentation.
@@ -295,6 +301,9 @@ func (b *Broker) loseCounted(l *lease, counted bool) {
 	}
 	if counted {
 		r.attempts++
+		if l.unseen || l.inst.down {
+			r.unseen++
+		}
 	}
 	if !b.cfg.NativeHold && b.cfg.Faults.LoseWithLater && r.msg.Key != "" {
 		for _, o := range b.recs[r.seq+1:] {
@@ -517,6 +526,29 @@ func (b *Broker) LostLeases() map[string]int {
 	for _, r := range b.recs {
 		if r.lost > 0 {
 			out[r.msg.ID] += r.lost
+		}
+	}
+	return out
+}
+
+// UnseenCharges returns, per message ID, how many of the attempts the
+// broker counted for lost leases were charged where no running consumer
+// knew of the delivery: its instance had crashed (Instance.Crash), or the
+// Receive that took it failed after taking effect, so its answer never
+// reached the consumer. driver.Message.Attempt lets a broker count a lost
+// delivery of a message that may have been running; no consumer can tell
+// these from runs that killed their process, so a consumer bounding a
+// crash loop (a message arriving past MaxAttempts+1 is dead-lettered
+// unrun) may dead-letter such a message without a run. A lease lost while
+// a live consumer held it is not among them: that consumer knows whether
+// it ran the message.
+func (b *Broker) UnseenCharges() map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]int{}
+	for _, r := range b.recs {
+		if r.unseen > 0 {
+			out[r.msg.ID] += r.unseen
 		}
 	}
 	return out

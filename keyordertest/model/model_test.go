@@ -361,3 +361,44 @@ func TestDuplicateLeaseLost(t *testing.T) {
 		}
 	})
 }
+
+// UnseenCharges counts the attempts charged for leases no live consumer
+// held: taken by a Receive whose answer was lost, or held by a crashed
+// instance; a lease a live consumer held and lost is not among them.
+func TestUnseenCharges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBroker(t, model.Config{NativeHold: true, MaxBatch: 3, LeaseDuration: 10 * time.Second, Faults: model.Faults{FailAfterEffect: 1}})
+		send(t, b, msg("x", ""), msg("y", ""), msg("z", ""))
+		live := b.NewInstance().Driver()
+		// The answer is lost: x's lease was taken all the same.
+		if ms, err := live.Receive(context.Background(), 1); err == nil || len(ms) != 0 {
+			t.Fatalf("Receive = %v, %v; want an error after taking effect", ids(ms), err)
+		}
+		if err := b.SetFaults(model.Faults{}); err != nil {
+			t.Fatal(err)
+		}
+		// y is held by the live instance and lost there (never renewed);
+		// z by an instance that crashes.
+		if got := ids(receive(t, live, 1)); !equal(got, []string{"y"}) {
+			t.Fatalf("live instance received %v, want [y]", got)
+		}
+		dead := b.NewInstance()
+		if got := ids(receive(t, dead.Driver(), 1)); !equal(got, []string{"z"}) {
+			t.Fatalf("crashing instance received %v, want [z]", got)
+		}
+		dead.Crash()
+		time.Sleep(11 * time.Second)
+		again := receive(t, b.NewInstance().Driver(), 3)
+		att := map[string]int{}
+		for _, m := range again {
+			att[m.ID] = m.Attempt
+		}
+		if att["x"] != 2 || att["y"] != 2 || att["z"] != 2 {
+			t.Fatalf("redelivered attempts %v, want 2 each (every lost lease counted)", att)
+		}
+		got := b.UnseenCharges()
+		if got["x"] != 1 || got["z"] != 1 || got["y"] != 0 || len(got) != 2 {
+			t.Fatalf("UnseenCharges = %v, want x:1 z:1 (y's lease was lost in a live instance)", got)
+		}
+	})
+}
