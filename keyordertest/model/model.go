@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -466,6 +467,10 @@ func (b *Broker) lend(inst *Instance, r *rec, dup bool, now time.Time) *driver.M
 	m := r.msg
 	m.Payload = slices.Clone(r.msg.Payload) // each delivery its own bytes
 	m.Headers = cloneHeaders(r.msg.Headers)
+	if m.Headers == nil {
+		m.Headers = map[string]string{}
+	}
+	m.Headers[DeliveryHeader] = strconv.FormatUint(l.id, 10)
 	m.AckID = l
 	m.Attempt = r.attempts + 1
 	m.Copy = r

@@ -402,3 +402,32 @@ func TestUnseenCharges(t *testing.T) {
 		}
 	})
 }
+
+// HoldsDelivery tells a delivery the broker took back from a later one of
+// the same message leased to the same instance; Holds does not.
+func TestHoldsDelivery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBroker(t, model.Config{LeaseDuration: 10 * time.Second})
+		send(t, b, msg("k1", "k"))
+		inst := b.NewInstance()
+		s := inst.Driver()
+		first := receive(t, s, 1)
+		if len(first) != 1 || !inst.HoldsDelivery(first[0].Headers) {
+			t.Fatalf("first delivery %v not held", ids(first))
+		}
+		time.Sleep(11 * time.Second) // its lease runs out unreported
+		again := receive(t, s, 1)
+		if !equal(ids(again), []string{"k1"}) {
+			t.Fatalf("redelivery %v", ids(again))
+		}
+		if inst.HoldsDelivery(first[0].Headers) {
+			t.Error("HoldsDelivery: the first delivery's lease ran out, yet held")
+		}
+		if !inst.HoldsDelivery(again[0].Headers) || !inst.Holds("k1") {
+			t.Error("the redelivery is not held")
+		}
+		if inst.HoldsDelivery(nil) {
+			t.Error("HoldsDelivery(nil) = true")
+		}
+	})
+}
