@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -295,10 +296,10 @@ func (b *Broker) loseCounted(l *lease, counted bool) {
 	b.trace("lease of %s (instance %d) lost, counted %v", l.r.msg.ID, l.inst.id, counted && !l.dup)
 	b.drop(l)
 	r := l.r
+	r.lost++ // a duplicate's lease too (LostLeases)
 	if l.dup {
 		return
 	}
-	r.lost++
 	if counted {
 		r.attempts++
 		if l.unseen || l.inst.down {
@@ -466,6 +467,10 @@ func (b *Broker) lend(inst *Instance, r *rec, dup bool, now time.Time) *driver.M
 	m := r.msg
 	m.Payload = slices.Clone(r.msg.Payload) // each delivery its own bytes
 	m.Headers = cloneHeaders(r.msg.Headers)
+	if m.Headers == nil {
+		m.Headers = map[string]string{}
+	}
+	m.Headers[DeliveryHeader] = strconv.FormatUint(l.id, 10)
 	m.AckID = l
 	m.Attempt = r.attempts + 1
 	m.Copy = r
@@ -515,7 +520,10 @@ func (b *Broker) DeadLetters() []driver.DeadLetter {
 }
 
 // LostLeases returns, per message ID, how many of its leases the broker
-// took back (reported, expired, revoked or lost with a crashed instance).
+// took back (reported, expired, revoked or lost with a crashed instance),
+// those of an acknowledged message delivered again (Faults.Duplicate)
+// included: its key is free for another instance from then on, while the
+// handler that ran the duplicate may still be running.
 func (b *Broker) LostLeases() map[string]int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
