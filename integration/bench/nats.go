@@ -87,19 +87,7 @@ func natsBackend(context.Context) (*backend, error) {
 			"and its ×raw ratios divide by \"raw nats.go + Nats-Msg-Id\"; the msg_id=off rows (TopicOptions.NoMsgID) send none "+
 			"and divide by plain \"raw nats.go\"; \"raw nats.go + Keyorder-Id\" sends the 36-character ID in the header those rows carry, "+
 			"which the server parses and stores but does not check.", natsPartitions, lanesNote(64)),
-		systems: append([]system{{name: "raw nats.go", ref: true,
-			open: func(ctx context.Context, id string) (endpoint, error) {
-				c, err := nats.Connect(addr)
-				if err != nil {
-					return nil, err
-				}
-				cjs, _ := jetstream.New(c)
-				if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}}); err != nil {
-					c.Close()
-					return nil, err
-				}
-				return &natsRaw{nc: c, js: cjs, stream: id, drop: drop}, nil
-			}}},
+		systems: append([]system{{name: "raw nats.go", ref: true, open: natsRawOpen(addr, natsRaw{drop: drop})}},
 			append(natsRawAttrs(addr, drop), natsKoSystems(factory, t)...)...),
 		close: nc.Close,
 	}, nil
@@ -148,31 +136,37 @@ func natsKoSystems(factory func(*knats.TopicOptions) koFactory, t koTuning) []sy
 // as keyorder's msg_id=off does: the server parses and stores a header it
 // does not check, which the plain raw side (no header) skips too.
 func natsRawAttrs(addr string, drop func(string)) []system {
-	return []system{{name: natsMsgIDRaw,
-		open: func(ctx context.Context, id string) (endpoint, error) {
-			c, err := nats.Connect(addr)
-			if err != nil {
-				return nil, err
-			}
-			cjs, _ := jetstream.New(c)
-			if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}, Duplicates: 2 * time.Minute}); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return &natsRaw{nc: c, js: cjs, stream: id, drop: drop, msgID: true, idBase: uint32(time.Now().UnixNano())}, nil
-		}}, {name: natsHeaderRaw,
-		open: func(ctx context.Context, id string) (endpoint, error) {
-			c, err := nats.Connect(addr)
-			if err != nil {
-				return nil, err
-			}
-			cjs, _ := jetstream.New(c)
-			if _, err := cjs.CreateStream(ctx, jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}}); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return &natsRaw{nc: c, js: cjs, stream: id, drop: drop, header: true, idBase: uint32(time.Now().UnixNano())}, nil
-		}}}
+	return []system{
+		{name: natsMsgIDRaw, open: natsRawOpen(addr, natsRaw{drop: drop, msgID: true})},
+		{name: natsHeaderRaw, open: natsRawOpen(addr, natsRaw{drop: drop, header: true})},
+	}
+}
+
+// natsRawOpen returns a system's open for the raw client shaped as raw:
+// its own connection and a stream named id over the subjects id.>, with
+// a duplicate window of 2 minutes where raw sends a Nats-Msg-Id.
+func natsRawOpen(addr string, raw natsRaw) func(context.Context, string) (endpoint, error) {
+	return func(ctx context.Context, id string) (endpoint, error) {
+		c, err := nats.Connect(addr)
+		if err != nil {
+			return nil, err
+		}
+		cjs, _ := jetstream.New(c)
+		cfg := jetstream.StreamConfig{Name: id, Subjects: []string{id + ".>"}}
+		if raw.msgID {
+			cfg.Duplicates = 2 * time.Minute
+		}
+		if _, err := cjs.CreateStream(ctx, cfg); err != nil {
+			c.Close()
+			return nil, err
+		}
+		r := raw
+		r.nc, r.js, r.stream = c, cjs, id
+		if r.msgID || r.header {
+			r.idBase = uint32(time.Now().UnixNano())
+		}
+		return &r, nil
+	}
 }
 
 func (e *natsRaw) publish(ctx context.Context, w *workload) error {
